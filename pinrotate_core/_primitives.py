@@ -1,0 +1,118 @@
+"""Raw cipher primitives, all from ``cryptography``. Private: only the formats module imports this.
+
+Nothing here knows about keyrings, columns or databases; nothing here ever logs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .errors import CiphertextInvalid
+
+NONCE_LEN = 12
+TAG_LEN = 16
+
+
+def random_nonce() -> bytes:
+    return os.urandom(NONCE_LEN)
+
+
+class AesGcm:
+    """nonce(12) || ciphertext || tag(16), AES-GCM, no associated data. One object per key."""
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) not in (16, 24, 32):
+            raise ValueError("AES-GCM key must be 16, 24 or 32 bytes")
+        self._aead = AESGCM(key)
+
+    def encrypt(self, plaintext: bytes, nonce: bytes | None = None) -> bytes:
+        nonce = random_nonce() if nonce is None else nonce
+        return nonce + self._aead.encrypt(nonce, plaintext, None)
+
+    def decrypt(self, blob: bytes) -> bytes:
+        if len(blob) < NONCE_LEN + TAG_LEN:
+            raise CiphertextInvalid("ciphertext too short")
+        try:
+            return self._aead.decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
+        except InvalidTag:
+            raise CiphertextInvalid("ciphertext does not authenticate") from None
+
+    def __repr__(self) -> str:
+        return "AesGcm(<redacted>)"
+
+    def __reduce__(self) -> object:
+        raise TypeError("key objects cannot be pickled")
+
+
+class Sm4Gcm:
+    """nonce(12) || ciphertext || tag(16), SM4 in GCM mode (cryptography's Cipher API)."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 16:
+            raise ValueError("SM4 key must be 16 bytes")
+        self._key = key
+
+    def encrypt(self, plaintext: bytes, nonce: bytes | None = None) -> bytes:
+        nonce = random_nonce() if nonce is None else nonce
+        enc = Cipher(algorithms.SM4(self._key), modes.GCM(nonce)).encryptor()
+        body = enc.update(plaintext) + enc.finalize()
+        return nonce + body + enc.tag
+
+    def decrypt(self, blob: bytes) -> bytes:
+        if len(blob) < NONCE_LEN + TAG_LEN:
+            raise CiphertextInvalid("ciphertext too short")
+        nonce, body, tag = blob[:NONCE_LEN], blob[NONCE_LEN:-TAG_LEN], blob[-TAG_LEN:]
+        try:
+            dec = Cipher(algorithms.SM4(self._key), modes.GCM(nonce, tag)).decryptor()
+            return dec.update(body) + dec.finalize()
+        except InvalidTag:
+            raise CiphertextInvalid("ciphertext does not authenticate") from None
+
+    def __repr__(self) -> str:
+        return "Sm4Gcm(<redacted>)"
+
+    def __reduce__(self) -> object:
+        raise TypeError("key objects cannot be pickled")
+
+
+class AesEcbPkcs7:
+    """Legacy, read-only: AES-ECB with PKCS#7 padding, as many older Java services wrote."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) not in (16, 24, 32):
+            raise ValueError("AES key must be 16, 24 or 32 bytes")
+        self._key = key
+
+    def encrypt(self, plaintext: bytes) -> bytes:
+        # Only tests and fixtures write this legacy form; pinrotate never does.
+        padder = padding.PKCS7(128).padder()
+        enc = Cipher(algorithms.AES(self._key), modes.ECB()).encryptor()  # noqa: S305 - legacy read
+        return enc.update(padder.update(plaintext) + padder.finalize()) + enc.finalize()
+
+    def decrypt(self, blob: bytes) -> bytes:
+        if not blob or len(blob) % 16:
+            raise CiphertextInvalid("ciphertext is not a whole number of blocks")
+        dec = Cipher(algorithms.AES(self._key), modes.ECB()).decryptor()  # noqa: S305 - legacy read
+        padded = dec.update(blob) + dec.finalize()
+        unpadder = padding.PKCS7(128).unpadder()
+        try:
+            return unpadder.update(padded) + unpadder.finalize()
+        except ValueError:
+            raise CiphertextInvalid("ciphertext padding is invalid") from None
+
+    def __repr__(self) -> str:
+        return "AesEcbPkcs7(<redacted>)"
+
+    def __reduce__(self) -> object:
+        raise TypeError("key objects cannot be pickled")

@@ -1,0 +1,52 @@
+"""One small error tree for pinrotate.
+
+Library errors (psycopg, hvac, cryptography, pydantic) are translated at the boundary into these,
+chained with ``raise ... from``. Messages name settings, targets, ids and columns, never a value.
+"""
+
+from __future__ import annotations
+
+
+class PinrotateError(Exception):
+    """Base of every error pinrotate raises on purpose."""
+
+
+class ConfigError(PinrotateError):
+    """A setting is missing or invalid, or a start was refused (exit code 2)."""
+
+
+class RefusedToStart(ConfigError):
+    """The run may not start as asked (write_versioned off, wrong expected key, ...)."""
+
+
+class KeyUnavailable(PinrotateError):
+    """A key could not be had from the provider: fail closed, roll back, stop the target.
+
+    ``retryable`` tells the orchestrator whether trying again later can help (an outage, a
+    timeout, a sealed server) or not (permission denied, a key version that does not exist).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class CiphertextInvalid(PinrotateError):
+    """A stored value does not decrypt (wrong key, tampered, truncated). Deliberately opaque."""
+
+
+class ConflictError(PinrotateError):
+    """The application changed a value between our read and our write."""
+
+
+class DatabaseError(PinrotateError):
+    """The database failed in a way that rolled the open batch back."""
+
+
+class TargetBlocked(PinrotateError):
+    """A target cannot be migrated as configured (missing table or column, no single key, ...)."""
+
+    def __init__(self, target: str, reason: str) -> None:
+        super().__init__(f"target {target}: {reason}")
+        self.target = target
+        self.reason = reason

@@ -1,0 +1,109 @@
+"""Keys and keyrings: which key is current, and every older key still needed to read.
+
+A ``Key`` never shows its material: redacted ``repr``, and it refuses to be pickled, so it cannot
+end up in a Prefect result, a log record or an exception by accident.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError, KeyUnavailable
+
+KEY_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
+VALID_KEY_LENGTHS = (16, 24, 32)
+
+
+class Key:
+    """A key id and its secret material."""
+
+    __slots__ = ("key_id", "_material")
+
+    def __init__(self, key_id: str, material: bytes) -> None:
+        if len(material) not in VALID_KEY_LENGTHS:
+            raise ConfigError(f"key {key_id}: must be 16, 24 or 32 bytes, got {len(material)}")
+        self.key_id = key_id
+        self._material = bytes(material)
+
+    @property
+    def material(self) -> bytes:
+        return self._material
+
+    def __repr__(self) -> str:
+        return f"Key(key_id={self.key_id!r}, material=<redacted {len(self._material)} bytes>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> object:
+        raise TypeError("Key objects cannot be pickled: key material never leaves the process")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and other.key_id == self.key_id and other._material == self._material
+
+    def __hash__(self) -> int:
+        return hash(self.key_id)
+
+
+def validate_key_id(key_id: str, *, where: str) -> str:
+    if not KEY_ID_PATTERN.fullmatch(key_id):
+        raise ConfigError(f"{where}: key id must match [A-Za-z0-9_-]{{1,32}}")
+    return key_id
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The keys of one run. ``source`` names where they came from (never a secret)."""
+
+    current: str
+    keys: Mapping[str, Key]
+    source: str
+    legacy: Key | None = None
+    # Set by providers that keep keys server-side (vault-transit): no local material at all.
+    server_side: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        if not self.server_side and self.current not in self.keys:
+            raise ConfigError(f"{self.source}: current key {self.current} is not in the keyring")
+
+    def key(self, key_id: str) -> Key:
+        try:
+            return self.keys[key_id]
+        except KeyError:
+            raise KeyUnavailable(f"key {key_id} is not in the keyring ({self.source})") from None
+
+    @property
+    def current_key(self) -> Key:
+        return self.key(self.current)
+
+    @property
+    def current_version(self) -> int:
+        """The current key as an integer version (``aesgcm`` and ``vault-transit`` targets)."""
+        if not is_version(self.current):
+            raise ConfigError(f"{self.source}: current key {self.current!r} is not a positive integer version")
+        return int(self.current)
+
+    def versions(self) -> list[int]:
+        """Integer key versions held (``aesgcm``), ascending."""
+        return sorted(int(k) for k in self.keys if is_version(k))
+
+    def ids(self) -> list[str]:
+        return sorted(self.keys, key=sort_key)
+
+    def __repr__(self) -> str:
+        return f"Keyring(current={self.current!r}, ids={self.ids()!r}, source={self.source!r})"
+
+
+def is_version(key_id: str) -> bool:
+    return key_id.isdigit() and int(key_id) > 0
+
+
+def sort_key(key_id: str) -> tuple[int, int, str]:
+    """Integer versions in numeric order first, then named ids alphabetically."""
+    return (0, int(key_id), "") if is_version(key_id) else (1, 0, key_id)
+
+
+def next_version(existing: Iterable[str]) -> str:
+    versions = [int(k) for k in existing if is_version(k)]
+    return str(max(versions, default=0) + 1)

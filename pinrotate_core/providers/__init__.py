@@ -1,0 +1,62 @@
+"""Key providers: where the keyring of a run comes from.
+
+One small port (``KeyProvider``) with one module per implementation. Providers validate at
+construction and on ``load_keyring``, so a bad key stops the start instead of failing on row 80,000.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..errors import ConfigError
+from ..keyring import Keyring
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+
+@runtime_checkable
+class KeyProvider(Protocol):
+    """Reads the keyring of one run. ``description`` names the source, never a secret."""
+
+    description: str
+
+    def load_keyring(self) -> Keyring: ...
+
+
+@runtime_checkable
+class KeyringAdmin(Protocol):
+    """Providers whose keyring pinrotate may change: add a key read-only first, promote it later."""
+
+    def add_key(self, key_id: str | None = None) -> str: ...
+
+    def promote(self, key_id: str) -> None: ...
+
+
+def keyring_style(settings: "Settings") -> str:
+    """``fpc1`` when every target is fpc1 (named 16-byte keys), else ``aesgcm`` (integer versions)."""
+    return "fpc1" if all(t.format == "fpc1" for t in settings.targets) else "aesgcm"
+
+
+def build_provider(settings: "Settings") -> KeyProvider:
+    keys = settings.keys
+    if keys.provider == "file":
+        from .file import FileKeyProvider
+
+        return FileKeyProvider(keys.file_path, style=keyring_style(settings))
+    if keys.provider == "env":
+        from .env import EnvKeyProvider
+
+        return EnvKeyProvider()
+    if keys.provider == "k8s-dir":
+        from .k8s import K8sDirKeyProvider
+
+        assert keys.dir is not None  # checked by KeysSettings
+        return K8sDirKeyProvider(keys.dir)
+    if keys.provider in ("vault-kv", "vault-transit"):
+        try:
+            from . import vault
+        except ImportError as e:  # pragma: no cover - hvac is a hard dependency
+            raise ConfigError(f"keys.provider = {keys.provider}: the Vault providers need hvac") from e
+        return vault.build_vault_provider(keys)
+    raise ConfigError(f"keys.provider: unknown provider {keys.provider}")

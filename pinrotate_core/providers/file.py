@@ -1,0 +1,154 @@
+"""``file`` provider: a TOML keyring on local disk, created on first use.
+
+Rules (contract §3): created atomically when absent (one fresh key), file 0600 in a 0700 folder,
+every read and change serialised by a file lock beside it. A file that exists but is malformed,
+has a bad key length or an unknown setting stops the start; it is never overwritten or deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import os
+import secrets
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..keyring import Key, Keyring, is_version, next_version, sort_key, validate_key_id
+from ._material import decode_key, normalise_current
+
+_ALLOWED_TOP = {"current", "keys", "legacy"}
+_HEADER = "# pinrotate keyring: SECRET key material. Keep 0600, never commit, never paste.\n"
+
+
+class FileKeyProvider:
+    def __init__(self, path: str | Path, *, style: str = "aesgcm") -> None:
+        if style not in ("aesgcm", "fpc1"):
+            raise ValueError(f"unknown keyring style {style}")
+        self.path = Path(path).expanduser()
+        self.style = style
+        self.description = f"file {self.path}"
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def load_keyring(self) -> Keyring:
+        with self._locked():
+            if not self.path.exists():
+                self._write(self._fresh_keyring())
+            return self._read()
+
+    def _read(self) -> Keyring:
+        where = str(self.path)
+        try:
+            raw = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{where}: keyring file is not valid TOML ({e}); it was left as it is") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{where}: cannot read keyring file ({type(e).__name__})") from None
+        unknown = sorted(set(raw) - _ALLOWED_TOP)
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting {unknown[0]} in keyring file; it was left as it is")
+        if "current" not in raw:
+            raise ConfigError(f"{where}: keyring file has no current; it was left as it is")
+        table = raw.get("keys")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"{where}: keyring file has no [keys] table; it was left as it is")
+        current = normalise_current(raw["current"], where=where)
+        keys = {str(k): decode_key(str(k), v, where=where) for k, v in table.items()}
+        legacy = decode_key("legacy", raw["legacy"], where=where) if "legacy" in raw else None
+        if current not in keys:
+            raise ConfigError(f"{where}: current names key {current}, which is not in [keys]")
+        return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)
+
+    # -- changing ------------------------------------------------------------------------------
+
+    def add_key(self, key_id: str | None = None) -> str:
+        """Add a fresh key, read-only: ``current`` does not move until ``promote``."""
+        with self._locked():
+            ring = self._read() if self.path.exists() else self._create_and_read()
+            if key_id is None:
+                key_id = next_version(ring.keys) if self.style == "aesgcm" else _named_id("k")
+            validate_key_id(key_id, where="keys add")
+            if key_id in ring.keys:
+                raise ConfigError(f"keys add: key {key_id} already exists in {self.path}")
+            keys = dict(ring.keys)
+            keys[key_id] = Key(key_id, secrets.token_bytes(self._key_length()))
+            self._write(Keyring(current=ring.current, keys=keys, legacy=ring.legacy, source=ring.source))
+            return key_id
+
+    def promote(self, key_id: str) -> None:
+        with self._locked():
+            ring = self._read() if self.path.exists() else self._create_and_read()
+            if key_id not in ring.keys:
+                raise ConfigError(f"keys promote: key {key_id} is not in {self.path}; add it first")
+            self._write(Keyring(current=key_id, keys=ring.keys, legacy=ring.legacy, source=ring.source))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _key_length(self) -> int:
+        return 16 if self.style == "fpc1" else 32
+
+    def _fresh_keyring(self) -> Keyring:
+        key_id = "1" if self.style == "aesgcm" else _named_id("bootstrap")
+        key = Key(key_id, secrets.token_bytes(self._key_length()))
+        return Keyring(current=key_id, keys={key_id: key}, source=self.description)
+
+    def _create_and_read(self) -> Keyring:
+        self._write(self._fresh_keyring())
+        return self._read()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        folder = self.path.parent
+        try:
+            if not folder.exists():
+                folder.mkdir(mode=0o700, parents=True)
+            lock_path = self.path.with_name(self.path.name + ".lock")
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise ConfigError(f"keys.file: cannot open the keyring folder {folder} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _write(self, ring: Keyring) -> None:
+        """Write atomically: a temporary file in the same folder, fsync, then rename over."""
+        lines = [_HEADER]
+        lines.append(f"current = {_toml_scalar(ring.current)}\n")
+        if ring.legacy is not None:
+            lines.append(f'legacy = "{_b64(ring.legacy)}"\n')
+        lines.append("\n[keys]\n")
+        for key_id in sorted(ring.keys, key=sort_key):
+            lines.append(f'{key_id} = "{_b64(ring.keys[key_id])}"\n')
+        text = "".join(lines)
+        fd, tmp = tempfile.mkstemp(prefix=".keys-", dir=self.path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise ConfigError(f"keys.file: cannot write {self.path} ({e.strerror})") from None
+
+
+def _b64(key: Key) -> str:
+    return base64.b64encode(key.material).decode("ascii")
+
+
+def _toml_scalar(key_id: str) -> str:
+    return key_id if is_version(key_id) else f'"{key_id}"'
+
+
+def _named_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
