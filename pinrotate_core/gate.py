@@ -1,0 +1,77 @@
+"""The retire gate: may KEY be destroyed now (crypto-shredding)?
+
+Open only when, over every target and tenant in scope, nothing is on KEY and nothing could be
+hiding there: UNKNOWN + UNKNOWN_KEY + BLOCKED + FAILED + CONFLICT = 0 (contract §6). Values on
+other old keys do not block KEY; out-of-scope rows do not block but are counted, because
+destroying KEY crypto-erases them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .inventory import Inventory, TargetInventory
+from .keyring import is_version
+
+LEGACY_KEY = "legacy"
+ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
+
+
+@dataclass
+class GateReport:
+    key: str
+    open: bool
+    blocking: dict[str, int]
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    current_key: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
+                "current_key": self.current_key}
+
+
+def on_key_category(key: str, current: str) -> str:
+    """The inventory category of values that sit on ``key`` when ``current`` is current."""
+    if key == LEGACY_KEY:
+        return "LEGACY"
+    if key == current:
+        return "ACTIVE"
+    if is_version(key) and is_version(current) and int(key) > int(current):
+        return "NEWER"
+    return "HISTORICAL"
+
+
+def target_blocking(inv: TargetInventory, key: str, current: str) -> tuple[dict[str, int], int, int]:
+    """(blocking counts, values on KEY, out-of-scope values still on KEY) for one target."""
+    blocking = {c: inv.counts[c] for c in ALWAYS_BLOCKING}
+    if key == LEGACY_KEY:
+        on_key = inv.counts["LEGACY"]
+        excluded = int(inv.extra.get("excluded_legacy", 0))
+    else:
+        on_key = inv.by_key.get(key, 0)
+        excluded = inv.excluded_by_key.get(key, 0)
+    category = on_key_category(key, current)
+    blocking[category] = blocking.get(category, 0) + on_key
+    return blocking, on_key, excluded
+
+
+def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] | None = None) -> GateReport:
+    """Decide the gate for ``key`` from an inventory (plus CONFLICT counts of the last run, if any)."""
+    totals: dict[str, int] = {}
+    per_target: dict[str, dict[str, Any]] = {}
+    for name, inv in inventory.targets.items():
+        if conflicts and conflicts.get(name):
+            inv.counts["CONFLICT"] = max(inv.counts["CONFLICT"], conflicts[name])
+        blocking, on_key, excluded = target_blocking(inv, key, inventory.current_key)
+        for cat, n in blocking.items():
+            totals[cat] = totals.get(cat, 0) + n
+        entry: dict[str, Any] = {"on_key": on_key, "blocking": {c: n for c, n in blocking.items() if n},
+                                 "excluded_on_key": excluded}
+        if inv.blocked_reason:
+            entry["blocked_reason"] = inv.blocked_reason
+        entry.update({k: v for k, v in inv.extra.items() if k.startswith("transit_")})
+        per_target[name] = entry
+    is_open = bool(inventory.targets) and not any(totals.values())
+    return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key)

@@ -1,0 +1,299 @@
+"""One rotation run, step by step: read the current key, drain each target, verify, report.
+
+The steps are separate functions so that the Prefect flow can make each one a task; ``run_rotation``
+composes them for a plain Python caller (no orchestrator needed). Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from .config import Settings, TargetSettings
+from .db import database_url, describe_db_error, make_engine, raw_connection
+from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
+from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
+from .formats.aesgcm import AesGcmCipherSet
+from .gate import evaluate_gate
+from .inventory import Inventory, take_inventory
+from .keyring import Keyring
+from .log import log_event
+from .providers import KeyProvider, build_provider
+from .targets import ResolvedTarget, resolve_target
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_CONFIG = 2
+EXIT_GATE_CLOSED = 3
+EXIT_FAIL_CLOSED = 4
+EXIT_TERMINATED = 143
+
+LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
+VERIFY_SAMPLE = 64
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    current_key: str
+    dry_run: bool
+    targets: dict[str, DrainResult] = field(default_factory=dict)
+    verified: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
+    cancelled: bool = False
+    skipped: str | None = None  # e.g. another run holds the single-instance lock
+    duration_ms: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if self.cancelled:
+            return EXIT_TERMINATED
+        if any(r.fail_closed for r in self.targets.values()):
+            return EXIT_FAIL_CLOSED
+        if any(not v.get("ok", True) for v in self.verified.values()):
+            return EXIT_FAIL_CLOSED
+        return EXIT_OK
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run_id": self.run_id,
+            "current_key": self.current_key,
+            "dry_run": self.dry_run,
+            "targets": {name: target_report(r) for name, r in self.targets.items()},
+            "verified": self.verified,
+            "gate": self.gate,
+        }
+        if self.cancelled:
+            out["stopped"] = STOP_CANCELLED
+        if self.skipped:
+            out["skipped"] = self.skipped
+        out["exit_code"] = self.exit_code
+        return out
+
+
+def target_report(r: DrainResult) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "reencrypted": r.reencrypted,
+        "failed": len(r.failed),
+        "conflicts": r.conflicts,
+        "backlog_remaining": r.backlog_remaining,
+        "batches": r.batches,
+        "duration_ms": round(r.duration_ms),
+    }
+    if r.stopped:
+        out["stopped"] = r.stopped
+    if r.error:
+        out["error"] = r.error
+    if r.failed:
+        out["failed_rows"] = [f.as_dict() for f in r.failed[:100]]
+    return out
+
+
+@dataclass
+class RunContext:
+    """Everything one run needs, built once at its start. In-memory only: never a task parameter."""
+
+    settings: Settings
+    engine: sa.Engine
+    provider: KeyProvider
+    targets: list[TargetSettings]
+    run_id: str
+    dry_run: bool = False
+    expected_key: str | None = None
+    tenant: str | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    keyring: Keyring | None = None
+    resolved: dict[str, ResolvedTarget] = field(default_factory=dict)
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.settings.job.max_run_duration
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
+             expected_key: str | None = None, tenant: str | None = None, run_id: str | None = None,
+             engine: sa.Engine | None = None) -> RunContext:
+    """Validate everything that can be validated before touching the database."""
+    targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
+    if tenant is not None and not all(t.tenant for t in targets):
+        missing = ", ".join(t.name for t in targets if not t.tenant)
+        raise ConfigError(f"--tenant: targets without a tenant column cannot be scoped: {missing}")
+    provider = build_provider(settings)
+    if engine is None:
+        workers = settings.job.max_degree_of_parallelism
+        engine = make_engine(database_url(settings), pool_size=3 * workers + 2)
+    return RunContext(settings=settings, engine=engine, provider=provider, targets=targets,
+                      run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
+
+
+def read_current_key(ctx: RunContext) -> Keyring:
+    """Read the keyring once for the run and check the start conditions (§4 refusals)."""
+    keyring = ctx.provider.load_keyring()
+    check_start(ctx, keyring)
+    ctx.keyring = keyring
+    log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
+              targets=[t.name for t in ctx.targets], dry_run=ctx.dry_run or None)
+    return keyring
+
+
+def check_start(ctx: RunContext, keyring: Keyring) -> None:
+    formats = {t.format for t in ctx.targets}
+    if ctx.expected_key is not None and ctx.expected_key != keyring.current:
+        raise RefusedToStart(
+            f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
+    if "aesgcm" in formats or "vault-transit" in formats:
+        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
+    if "fpc1" in formats and not ctx.dry_run:
+        if not ctx.settings.keys.write_versioned:
+            raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"
+                                 " (a --dry-run is allowed)")
+        if ctx.expected_key is None:
+            raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
+
+
+def resolve_all(ctx: RunContext) -> dict[str, ResolvedTarget]:
+    """Resolve every target before anything is written: one blocked target stops the start (exit 2)."""
+    try:
+        with raw_connection(ctx.engine) as conn:
+            for t in ctx.targets:
+                ctx.resolved[t.name] = resolve_target(conn, t)
+    except TargetBlocked as e:
+        raise ConfigError(f"{e}; nothing was touched") from None
+    return ctx.resolved
+
+
+def drain(ctx: RunContext, name: str, *, workers: int | None = None,
+          on_batch: Callable[[BatchEvent], None] | None = None) -> DrainResult:
+    assert ctx.keyring is not None, "read_current_key first"
+    job = ctx.settings.job
+    options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
+                           inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
+                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id)
+    return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options)
+
+
+def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
+    """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
+    assert ctx.keyring is not None
+    out: dict[str, Any] = {}
+    with raw_connection(ctx.engine) as conn:
+        for name, result in results.items():
+            target = ctx.resolved[name]
+            entry: dict[str, Any] = {"backlog": result.backlog_remaining}
+            if not ctx.dry_run and result.sample_ids and target.settings.format == "aesgcm":
+                sampled, ok = _verify_sample(conn, target, ctx.keyring, result.sample_ids)
+                entry.update(sampled=sampled, decrypted=ok, ok=(ok == sampled))
+            else:
+                entry.update(sampled=0, decrypted=0, ok=True)
+            out[name] = entry
+    return out
+
+
+def _verify_sample(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring,
+                   ids: Sequence[Any]) -> tuple[int, int]:
+    """Re-read rows this run committed and decrypt every value with the row's key."""
+    t = target.settings
+    ciphers = AesGcmCipherSet(keyring)
+    query = sql.SQL("SELECT {id}, {kv}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
+        kv=sql.Identifier(t.key_version or ""), cols=sql.SQL(", ").join(sql.Identifier(c) for c in t.columns),
+        rel=target.relation, id=sql.Identifier(t.id))
+    sampled = ok = 0
+    for row in conn.cursor(binary=True).execute(query, [list(ids)]).fetchall():
+        sampled += 1
+        try:
+            for enc, stored in zip(target.encodings, row[2:]):
+                if stored is not None:
+                    ciphers.decrypt(str(row[1]), enc.to_bytes(stored))
+            ok += 1
+        except (KeyUnavailable, CiphertextInvalid):
+            log_event("verify_failed", level=40, target=t.name, id=str(row[0]))
+    return sampled, ok
+
+
+def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
+    """The gate for every older key of the keyring, from a fresh (shallow) inventory of the run's targets."""
+    assert ctx.keyring is not None
+    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
+    for name, r in results.items():
+        if name in inv.targets:
+            inv.targets[name].counts["FAILED"] = len(r.failed)
+    out: dict[str, Any] = {}
+    for key in ctx.keyring.ids():
+        if key == ctx.keyring.current:
+            continue
+        report = evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()})
+        out[key] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n}}
+    return out
+
+
+@contextlib.contextmanager
+def single_instance(ctx: RunContext) -> Iterator[bool]:
+    """Hold the advisory lock of contract §7 for the run when configured; yields False if it is held."""
+    if not ctx.settings.job.single_instance:
+        yield True
+        return
+    with raw_connection(ctx.engine) as conn:
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (LOCK_NAME,)).fetchone()
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot take the single-instance lock ({describe_db_error(e)})") from None
+        got = bool(row and row[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (LOCK_NAME,))
+
+
+def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
+                 expected_key: str | None = None, tenant: str | None = None,
+                 stop: threading.Event | None = None) -> RunReport:
+    """The whole run without an orchestrator: targets drained one after another, in order."""
+    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
+    if stop is not None:
+        ctx.stop = stop
+    try:
+        keyring = read_current_key(ctx)
+        resolve_all(ctx)
+        report = RunReport(ctx.run_id, keyring.current, dry_run)
+        with single_instance(ctx) as got:
+            if not got:
+                report.skipped = f"another run holds the lock {LOCK_NAME}"
+                return report
+            for t in ctx.targets:
+                report.targets[t.name] = drain(ctx, t.name)
+            report.verified = verify(ctx, report.targets)
+            report.gate = gate_report(ctx, report.targets)
+        report.cancelled = ctx.stop.is_set()
+        report.duration_ms = (time.monotonic() - ctx.started) * 1000
+        log_event("job_completed", run_id=ctx.run_id, exit_code=report.exit_code,
+                  reencrypted=sum(r.reencrypted for r in report.targets.values()),
+                  backlog_remaining=sum(r.backlog_remaining for r in report.targets.values()),
+                  duration_ms=round(report.duration_ms))
+        return report
+    finally:
+        ctx.close()
+
+
+def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
+    provider = build_provider(settings)
+    keyring = provider.load_keyring()
+    engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
+    finally:
+        engine.dispose()
