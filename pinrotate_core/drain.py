@@ -50,6 +50,7 @@ class DrainOptions:
     stop: threading.Event = field(default_factory=threading.Event)
     on_batch: Callable[["BatchEvent"], None] | None = None
     run_id: str = ""
+    tenant: str | None = None  # fpc1 targets with a tenant column: only this tenant's rows
 
 
 @dataclass(frozen=True)
