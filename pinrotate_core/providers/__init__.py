@@ -58,5 +58,5 @@ def build_provider(settings: "Settings") -> KeyProvider:
             from . import vault
         except ImportError as e:  # pragma: no cover - hvac is a hard dependency
             raise ConfigError(f"keys.provider = {keys.provider}: the Vault providers need hvac") from e
-        return vault.build_vault_provider(keys)
+        return vault.build_vault_provider(keys, style=keyring_style(settings))
     raise ConfigError(f"keys.provider: unknown provider {keys.provider}")

@@ -1,0 +1,279 @@
+"""Prometheus metrics of one rotation run (contract §7), delivered to a Pushgateway and/or a
+node_exporter textfile. Labels carry only target names and error reasons, never a value, key id
+or ciphertext; a failure to deliver is a logged warning and never fails the rotation.
+
+Beyond §7: ``<prefix>_last_success_timestamp_seconds`` (set when a run ends without a fail-closed
+stop; feeds the "no successful run" alert) and ``<prefix>_current_key_version`` (the current key
+when it is an integer version: which key a backlog drains to, for dashboards and the runbook).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+from urllib.request import Request, urlopen
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, write_to_textfile
+from prometheus_client.exposition import basic_auth_handler, default_handler
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from .config import TARGET_NAME, MetricsSettings
+from .keyring import is_version
+from .log import log_event
+
+DEFAULT_PREFIX = "profile_crypto_reencrypt"
+ERROR_REASONS = ("key_unavailable", "decrypt_failed", "conflict", "db_error")
+# A run is anything from an empty no-op (~10 ms) to max_run_duration (600 s by default).
+RUN_DURATION_BUCKETS_MS = (10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
+                           60_000.0, 120_000.0, 300_000.0, 600_000.0)
+PUSH_TIMEOUT_SECONDS = 10.0
+_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+class RotationMetrics:
+    """The metrics of one run, in a registry of their own (never prometheus_client's global one).
+
+    One instance per run: what is delivered describes that run, and replaces what the previous
+    run delivered (the Pushgateway group of ``job``, the textfile), which is what the alert rules
+    in ``deploy/alerts.yml`` expect. Only the last success time is carried forward by a run that
+    did not succeed. Every method is safe to call from drain worker threads.
+    """
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX, registry: CollectorRegistry | None = None) -> None:
+        if not _PREFIX.fullmatch(prefix):
+            raise ValueError("metrics prefix must match [a-zA-Z_:][a-zA-Z0-9_:]*")
+        self.prefix = prefix
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._lock = threading.Lock()
+        self._last_success: float | None = None
+        self._current_key_version: int | None = None
+        # Unregistered (registry=None): this object's collector yields them, so it can drop the
+        # ``_created`` series without flipping prometheus_client's process-wide switch.
+        self._progress = Gauge(f"{prefix}_progress", "Rows still on an old key, per target (converges to 0).",
+                               ["target"], registry=None)
+        self._processed = Counter(f"{prefix}_processed_total", "Rows re-encrypted to the current key in this run.",
+                                  ["target"], registry=None)
+        self._run_duration = Histogram(f"{prefix}_run_duration_ms", "Duration of a rotation run in milliseconds.",
+                                       buckets=RUN_DURATION_BUCKETS_MS, registry=None)
+        self._errors = Counter(f"{prefix}_errors_total", "Errors in this run, by reason.", ["reason"], registry=None)
+        # Pre-initialised so that alert expressions see a series (0) before the first error.
+        for reason in ERROR_REASONS:
+            self._errors.labels(reason=reason)
+        self.registry.register(_Collector(self))
+
+    @classmethod
+    def from_settings(cls, settings: MetricsSettings) -> "RotationMetrics":
+        return cls(prefix=settings.prefix)
+
+    def set_progress(self, target: str, rows_left: int) -> None:
+        _check_target(target)
+        if rows_left < 0:
+            raise ValueError("rows_left must be >= 0")
+        self._progress.labels(target=target).set(rows_left)
+
+    def add_processed(self, target: str, rows: int) -> None:
+        _check_target(target)
+        if rows < 0:
+            raise ValueError("rows must be >= 0")
+        self._processed.labels(target=target).inc(rows)
+
+    def add_error(self, reason: str, count: int = 1) -> None:
+        if reason not in ERROR_REASONS:
+            raise ValueError(f"unknown error reason; expected one of {', '.join(ERROR_REASONS)}")
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        self._errors.labels(reason=reason).inc(count)
+
+    def observe_run_duration_ms(self, ms: float) -> None:
+        if ms < 0:
+            raise ValueError("run duration must be >= 0")
+        self._run_duration.observe(ms)
+
+    def set_current_key(self, key: str) -> None:
+        """Export the current key as a number when it is an integer version. A key id (``fpc1``)
+        is no number and must not become a label either, so the gauge is withdrawn."""
+        with self._lock:
+            self._current_key_version = int(key) if is_version(key) else None
+
+    def mark_success(self, when: float | None = None) -> None:
+        """Call when the run ended without a fail-closed stop (a no-op run is a success)."""
+        with self._lock:
+            self._last_success = time.time() if when is None else when
+
+    def collect_families(self, carried_last_success: float | None = None) -> Iterator[Metric]:
+        """The families of this run; ``carried_last_success`` stands in when this run did not succeed."""
+        for metric in (self._progress, self._processed, self._run_duration, self._errors):
+            for family in metric.collect():
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+                yield family
+        with self._lock:
+            last_success = self._last_success if self._last_success is not None else carried_last_success
+            current_key_version = self._current_key_version
+        # Absent rather than 0 when unknown: a 0 timestamp would read as "last success in 1970".
+        if last_success is not None:
+            yield GaugeMetricFamily(f"{self.prefix}_last_success_timestamp_seconds",
+                                    "Unix time at which the last rotation run ended without a fail-closed stop.",
+                                    value=last_success)
+        if current_key_version is not None:
+            yield GaugeMetricFamily(f"{self.prefix}_current_key_version",
+                                    "The current key version (integer versions only).", value=current_key_version)
+
+    def deliver(self, settings: MetricsSettings) -> list[str]:
+        """Push to ``settings.pushgateway`` (group ``job=settings.job``) and/or write
+        ``settings.textfile``. Returns one line per destination; failures start with
+        ``warning:``, are logged, and raise nothing. No credential appears in either."""
+        if settings.prefix != self.prefix:
+            raise ValueError("metrics settings name another prefix than this RotationMetrics")
+        done: list[str] = []
+        if settings.pushgateway:
+            done.append(self._push(settings.pushgateway, settings.job))
+        if settings.textfile:
+            done.append(self._write_textfile(Path(settings.textfile).expanduser()))
+        return done
+
+    def _push(self, gateway: str, job: str) -> str:
+        shown = "<unparseable pushgateway url>"
+        try:
+            endpoint = _PushEndpoint.parse(gateway)
+            shown = endpoint.shown
+            # PUT replaces the whole group, so targets and counts of an earlier run never linger.
+            # A run that did not succeed carries the group's previous success time forward rather
+            # than deleting it (a deleted one would fire the absent() alert after one failed run).
+            carried = None if self._has_success() else self._carried_from_gateway(endpoint, job)
+            push_to_gateway(endpoint.url, job=job, registry=self._snapshot(carried), timeout=PUSH_TIMEOUT_SECONDS,
+                            handler=endpoint.handler)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            log_event("metrics_push_failed", level=logging.WARNING, pushgateway=shown, job=job, error=_error_name(e))
+            return f"warning: push to {shown} (job {job}) failed: {_error_name(e)}"
+        log_event("metrics_pushed", pushgateway=shown, job=job)
+        return f"pushed to {shown} (job {job})"
+
+    def _carried_from_gateway(self, endpoint: "_PushEndpoint", job: str) -> float | None:
+        try:
+            return endpoint.last_success(job, self.prefix)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            # Still push: this run's errors matter more than keeping the old success time.
+            log_event("metrics_last_success_unreadable", level=logging.WARNING, pushgateway=endpoint.shown,
+                      job=job, error=_error_name(e))
+            return None
+
+    def _write_textfile(self, path: Path) -> str:
+        try:
+            carried = None if self._has_success() else _last_success_in_textfile(path, self.prefix)
+            # Temp file + rename in the same folder: node_exporter never reads half a file.
+            write_to_textfile(str(path), self._snapshot(carried))
+        except OSError as e:
+            log_event("metrics_textfile_failed", level=logging.WARNING, path=str(path), error=_error_name(e))
+            return f"warning: textfile {path} not written: {_error_name(e)}"
+        log_event("metrics_textfile_written", path=str(path))
+        return f"wrote {path}"
+
+    def _snapshot(self, carried_last_success: float | None) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self, carried_last_success))
+        return registry
+
+    def _has_success(self) -> bool:
+        with self._lock:
+            return self._last_success is not None
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: RotationMetrics, carried_last_success: float | None = None) -> None:
+        self._metrics = metrics
+        self._carried = carried_last_success
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics.collect_families(self._carried)
+
+
+class _PushEndpoint:
+    """A Pushgateway address split into the URL to push to (no userinfo), the URL to show in
+    logs and results (no userinfo, query or fragment) and the basic-auth credentials, if any."""
+
+    def __init__(self, url: str, shown: str, username: str | None = None, password: str | None = None) -> None:
+        self.url = url
+        self.shown = shown
+        self._username = username
+        self._password = password
+
+    @classmethod
+    def parse(cls, gateway: str) -> "_PushEndpoint":
+        parts = urlsplit(gateway if "://" in gateway else f"http://{gateway}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("pushgateway must be an http(s) URL with a host")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host  # .port raises ValueError if bad
+        url = parts._replace(netloc=netloc).geturl()
+        shown = parts._replace(netloc=netloc, query="", fragment="").geturl()
+        if parts.username is None:
+            return cls(url, shown)
+        return cls(url, shown, unquote(parts.username), unquote(parts.password or ""))
+
+    def handler(self, url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        if self._username is None:
+            return default_handler(url, method, timeout, headers, data)
+        return basic_auth_handler(url, method, timeout, headers, data, self._username, self._password)
+
+    def last_success(self, job: str, prefix: str) -> float | None:
+        """The success time that the group ``job`` holds now, read from the gateway's /metrics."""
+        request = Request(self.url.rstrip("/") + "/metrics")
+        if self._username is not None:
+            token = base64.b64encode(f"{self._username}:{self._password}".encode()).decode("ascii")
+            request.add_header("Authorization", f"Basic {token}")
+        with urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
+            text = response.read().decode("utf-8", errors="replace")
+        return _find_last_success(text, prefix, job=job)
+
+
+def _check_target(target: str) -> None:
+    # Same rule as a configured target name: nothing else can become a label value.
+    if not isinstance(target, str) or not TARGET_NAME.fullmatch(target):
+        raise ValueError("target must be a target name ([A-Za-z0-9_.-]{1,64})")
+
+
+def _last_success_in_textfile(path: Path, prefix: str) -> float | None:
+    """The last-success time that a previous run wrote to ``path``, if there is one to read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # absent or unreadable: this run writes the file without an old time
+    return _find_last_success(text, prefix)
+
+
+def _find_last_success(text: str, prefix: str, job: str | None = None) -> float | None:
+    """The last-success sample in an exposition text; with ``job``, only the group of that job
+    (the Pushgateway adds ``job`` and an empty ``instance`` label to the series of a group)."""
+    name = f"{prefix}_last_success_timestamp_seconds"
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name != name:
+                    continue
+                if job is None or (sample.labels.get("job") == job and not sample.labels.get("instance")):
+                    return float(sample.value)
+    except ValueError:
+        return None  # a damaged exposition holds nothing trustworthy to carry forward
+    return None
+
+
+def _error_name(e: BaseException) -> str:
+    """A short, value-free description: the class, plus the HTTP status or errno."""
+    status = getattr(e, "code", None)
+    if isinstance(status, int):
+        return f"{type(e).__name__} {status}"
+    errno = getattr(e, "errno", None)
+    reason = getattr(e, "reason", None)
+    if errno is None and isinstance(reason, BaseException):
+        return f"{type(e).__name__} ({type(reason).__name__})"
+    return type(e).__name__ if errno is None else f"{type(e).__name__} errno {errno}"
