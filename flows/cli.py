@@ -163,10 +163,29 @@ def install_stop_handlers() -> None:
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     settings = _settings(ns)
-    for name in ns.target:
-        settings.target(name)
+    preflight(settings, ns)
     return run_through_flow(ns, config_path=ns.config, dry_run=ns.dry_run, targets=ns.target or None,
                             tenant=ns.tenant, expected_key_version=ns.expected_key_version)
+
+
+def preflight(settings: Settings, ns: argparse.Namespace) -> None:
+    """Everything that can refuse the start, checked before Prefect starts: configuration, the key
+    conditions of §4, every target against the live catalog. A refusal here has touched nothing.
+
+    A retryable key outage is left to the flow, whose read_current_key task retries with backoff.
+    """
+    ctx = rotation.open_run(settings, target_names=ns.target, dry_run=ns.dry_run,
+                            expected_key=ns.expected_key_version, tenant=ns.tenant)
+    try:
+        try:
+            rotation.read_current_key(ctx, announce=False)
+        except KeyUnavailable as e:
+            if e.retryable:
+                return
+            raise
+        rotation.resolve_all(ctx)
+    finally:
+        ctx.close()
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:

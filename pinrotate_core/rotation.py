@@ -23,11 +23,13 @@ from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
-from .gate import evaluate_gate
+from .gate import LEGACY_KEY, evaluate_gate
 from .inventory import Inventory, take_inventory
+from .inventory_fpc1 import capacity_blocker
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
+from .reencrypt import DECRYPT_FAILED
 from .targets import ResolvedTarget, resolve_target
 
 if TYPE_CHECKING:
@@ -143,13 +145,14 @@ def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: b
                       run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
 
 
-def read_current_key(ctx: RunContext) -> Keyring:
+def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     """Read the keyring once for the run and check the start conditions (§4 refusals)."""
     keyring = ctx.provider.load_keyring()
     check_start(ctx, keyring)
     ctx.keyring = keyring
-    log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
-              targets=[t.name for t in ctx.targets], dry_run=ctx.dry_run or None)
+    if announce:
+        log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
+            targets=[t.name for t in ctx.targets], dry_run=ctx.dry_run or None)
     return keyring
 
 
@@ -174,6 +177,12 @@ def resolve_all(ctx: RunContext) -> dict[str, ResolvedTarget]:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
                 ctx.resolved[t.name] = resolve_target(conn, t)
+                if t.format == "fpc1" and ctx.keyring is not None:
+                    # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
+                    reason = capacity_blocker(conn, ctx.resolved[t.name], ctx.keyring.current,
+                                              legacy_format=ctx.settings.keys.legacy_format, tenant=ctx.tenant)
+                    if reason is not None:
+                        raise TargetBlocked(t.name, reason)
     except TargetBlocked as e:
         raise ConfigError(f"{e}; nothing was touched") from None
     return ctx.resolved
@@ -186,7 +195,8 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
                            stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant)
-    return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options)
+    return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options, keys=ctx.settings.keys,
+                        provider=ctx.provider)
 
 
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
@@ -233,9 +243,13 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
     inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
     for name, r in results.items():
         if name in inv.targets:
-            inv.targets[name].counts["FAILED"] = len(r.failed)
+            # Rows that did not decrypt; fpc1 values on a missing key are UNKNOWN_KEY in the inventory.
+            inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
     out: dict[str, Any] = {}
-    for key in ctx.keyring.ids():
+    keys = list(ctx.keyring.ids())
+    if any(t.format == "fpc1" for t in ctx.targets):
+        keys.append(LEGACY_KEY)
+    for key in keys:
         if key == ctx.keyring.current:
             continue
         report = evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()})
@@ -332,8 +346,5 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> "GateReport":
     """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
-    from .state import last_conflicts
-
     inv = inventory(settings, deep=deep, tenant=tenant)
-    conflicts = last_conflicts(settings, [t.name for t in settings.targets])
-    return evaluate_gate(inv, key, conflicts=conflicts)
+    return evaluate_gate(inv, key)

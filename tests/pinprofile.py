@@ -1,0 +1,75 @@
+"""Test helpers for the Pin profile preset: a seeded database, its configuration file, and CLI runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pinrotate_core import presets
+from pinrotate_core.providers.file import FileKeyProvider
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class PinProfile:
+    url: str
+    config_path: Path
+    keys_file: Path
+    summary: presets.SeedSummary
+
+    def provider(self) -> FileKeyProvider:
+        return FileKeyProvider(self.keys_file)
+
+    def key_versions(self, table: str) -> dict[Any, int]:
+        with psycopg.connect(self.url) as conn:
+            return dict(conn.execute(f"SELECT key_version, count(*) FROM profile.{table} GROUP BY 1").fetchall())
+
+
+def write_config(path: Path, url: str, keys_file: Path, **job: Any) -> Path:
+    raw = tomllib.loads(presets.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
+    lines = [f'[database]\nurl = "{url}"\n', f'[keys]\nprovider = "file"\nfile = "{keys_file}"\n', "[job]"]
+    settings = {**raw["job"], **job}
+    lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    for t in raw["targets"]:
+        lines.append("\n[[targets]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in t.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def seed_profile(url: str, tmp: Path, *, rows: int, promote: bool = True, **job: Any) -> PinProfile:
+    """Schema + ``rows`` persons (and the other tables) under key 1; key 2 added and promoted."""
+    keys_file = tmp / "keys" / "keys.toml"
+    provider = FileKeyProvider(keys_file)
+    ring = provider.load_keyring()
+    with psycopg.connect(url, autocommit=True) as conn:
+        presets.apply_pin_profile_schema(conn)
+        summary = presets.seed_pin_profile(conn, ring, rows=rows, key_id="1", seed=7)
+    if promote:
+        provider.add_key()
+        provider.promote("2")
+    config = write_config(tmp / "pinrotate.toml", url, keys_file, **job)
+    return PinProfile(url, config, keys_file, summary)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180,
+        check_json: bool = True) -> tuple[int, Any, str]:
+    """Run ``python -m flows.rotate ARGS``; returns (exit code, parsed stdout JSON or text, stderr)."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "flows.rotate", *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    out: Any = proc.stdout
+    if check_json and "--json" in args:
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        assert len(lines) == 1, f"--json must print exactly one line on stdout, got: {proc.stdout!r}\n{proc.stderr}"
+        out = json.loads(lines[0])
+    return proc.returncode, out, proc.stderr

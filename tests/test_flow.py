@@ -1,0 +1,182 @@
+"""The Prefect flow: a run end to end, its artifacts, cancellation through the API, and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pinrotate_core.formats.aesgcm import AesGcmCipherSet
+from tests.pinprofile import REPO, PinProfile, cli, seed_profile
+from tests.prefect_fixtures import prefect_api  # noqa: F401 - fixture
+
+CONTRACT_TARGET_KEYS = {"reencrypted", "failed", "conflicts", "backlog_remaining", "batches", "duration_ms"}
+
+
+def rows_consistent(profile: PinProfile) -> dict[int, int]:
+    """Every person row reads whole under its own key version (no half-moved row); counts per key."""
+    ciphers = AesGcmCipherSet(profile.provider().load_keyring())
+    per_key: dict[int, int] = {}
+    with psycopg.connect(profile.url) as conn:
+        cur = conn.cursor(binary=True)
+        for kv, *values in cur.execute("SELECT key_version, first_name_cipher, last_name_cipher, "
+                                       "middle_name_cipher, birth_date_cipher FROM profile.persons"):
+            for v in values:
+                if v is not None:
+                    ciphers.decrypt(str(kv), v)
+            per_key[kv] = per_key.get(kv, 0) + 1
+    return per_key
+
+
+def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, database_url: str,
+                                                             tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.rotate import pinrotate_rotate
+
+    profile = seed_profile(database_url, tmp_path, rows=300, batch_size=50, inter_batch_delay=0)
+    report = pinrotate_rotate(config_path=str(profile.config_path))
+    assert report["exit_code"] == 0
+    assert set(report["targets"]) == {"Person", "PersonDocument", "RequisiteTemplate", "VerificationRequest"}
+    for t in report["targets"].values():
+        assert CONTRACT_TARGET_KEYS <= set(t) and t["backlog_remaining"] == 0
+    assert report["targets"]["Person"]["reencrypted"] == 300
+    assert report["gate"]["1"]["open"] is True
+    assert all(v["ok"] for v in report["verified"].values())
+    assert rows_consistent(profile) == {2: 300}
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(report["run_id"])
+        assert run.state is not None and run.state.is_completed()
+        # Parameters name things only: no key, no value, no secret.
+        assert run.parameters == {"config_path": str(profile.config_path), "dry_run": False, "targets": None,
+                                  "tenant": None, "expected_key_version": None}
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    by_type: dict[str, list[Any]] = {}
+    for a in artifacts:
+        by_type.setdefault(a.type or "", []).append(a)
+    assert {"table", "markdown", "progress"} <= set(by_type)
+    assert by_type["progress"][0].data == 100.0
+    table = by_type["table"][0].data
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert {r["target"]: r["reencrypted"] for r in rows}["Person"] == 300
+    assert "OPEN" in by_type["markdown"][0].data
+
+
+def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_api: str, database_url: str,
+                                                                      tmp_path: Path) -> None:
+    profile = seed_profile(database_url, tmp_path, rows=120, batch_size=40, inter_batch_delay=0)
+    env = {"PREFECT_API_URL": prefect_api}
+    code, doc, err = cli("run", "--config", str(profile.config_path), "--json", env=env)
+    assert code == 0, err
+    assert set(doc) >= {"run_id", "current_key", "dry_run", "targets", "verified", "gate"}
+    assert doc["current_key"] == "2" and doc["dry_run"] is False
+    assert doc["targets"]["Person"]["reencrypted"] == 120
+    code, again, err = cli("run", "--config", str(profile.config_path), "--json", env=env)
+    assert code == 0, err
+    assert sum(t["reencrypted"] for t in again["targets"].values()) == 0
+
+
+def test_dry_run_through_the_cli_counts_and_writes_nothing(prefect_api: str, database_url: str,
+                                                           tmp_path: Path) -> None:
+    profile = seed_profile(database_url, tmp_path, rows=100, batch_size=30, inter_batch_delay=0)
+    with psycopg.connect(database_url) as conn:
+        before = conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall()
+    code, doc, err = cli("run", "--dry-run", "--config", str(profile.config_path), "--json",
+                         env={"PREFECT_API_URL": prefect_api})
+    assert code == 0, err
+    assert doc["dry_run"] is True and doc["targets"]["Person"]["reencrypted"] == 100
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall() == before
+
+
+def _start_run(profile: PinProfile, prefect_api: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    return subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for_progress(profile: PinProfile, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until at least one batch of persons is committed on key 2 (polled; not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if profile.key_versions("persons").get(2, 0) > 0:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the first batch: {proc.communicate()}")
+        time.sleep(0.1)
+    raise AssertionError("no batch was committed in time")
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = proc.communicate(timeout=180)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, (out, err)
+    return proc.returncode, json.loads(lines[0]), err
+
+
+SLOW_JOB = {"batch_size": 10, "inter_batch_delay": 0.3}
+
+
+def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_api: str, database_url: str,
+                                                                       tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelling
+
+    profile = seed_profile(database_url, tmp_path, rows=200, **SLOW_JOB)
+    proc = _start_run(profile, prefect_api)
+    try:
+        _wait_for_progress(profile, proc)
+        with get_client(sync_client=True) as client:
+            running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+            assert len(running) == 1
+            client.set_flow_run_state(running[0].id, Cancelling(), force=True)
+        code, doc, err = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143, err
+    assert doc["stopped"] == "cancelled"
+    moved = doc["targets"]["Person"]["reencrypted"]
+    assert 0 < moved < 200
+    assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(doc["run_id"]).state
+        assert state is not None and state.is_cancelled()
+    # The next run resumes where the data says.
+    code, again, err = cli("run", "--config", str(profile.config_path), "--json",
+                           env={"PREFECT_API_URL": prefect_api})
+    assert code == 0, err
+    assert again["targets"]["Person"]["reencrypted"] == 200 - moved
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_stops_every_drain_between_batches_with_exit_143(prefect_api: str, database_url: str,
+                                                                 tmp_path: Path) -> None:
+    profile = seed_profile(database_url, tmp_path, rows=200, **SLOW_JOB)
+    proc = _start_run(profile, prefect_api)
+    try:
+        _wait_for_progress(profile, proc)
+        proc.send_signal(signal.SIGTERM)
+        code, doc, err = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143, err
+    assert doc["stopped"] == "cancelled"
+    moved = doc["targets"]["Person"]["reencrypted"]
+    assert 0 < moved < 200
+    assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
