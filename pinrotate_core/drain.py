@@ -10,18 +10,20 @@ touches a row on a newer key, and never writes anything but the cipher and key-v
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from .config import KeysSettings
 from .db import describe_db_error, raw_connection
 from .errors import DatabaseError, KeyUnavailable
 from .formats.aesgcm import AesGcmCipherSet
@@ -29,6 +31,9 @@ from .keyring import Keyring
 from .log import log_event
 from .reencrypt import BatchPlan, FailedRow, plan_aesgcm_batch
 from .targets import ResolvedTarget
+
+if TYPE_CHECKING:
+    from .providers import KeyProvider
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
@@ -413,7 +418,11 @@ class AesGcmDrain:
                 stop_reason = self._guarded_pass(0, None, None)
             else:
                 with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix=f"drain-{self.target.name}") as ex:
-                    reasons = list(ex.map(lambda a: self._guarded_pass(a[0], *a[1]), enumerate(ranges)))
+                    # Each worker runs in a copy of the caller's context, so that an orchestrator's
+                    # run context (and with it the run's log handler) reaches the worker threads.
+                    futures = [ex.submit(contextvars.copy_context().run, self._guarded_pass, i, lo, hi)
+                               for i, (lo, hi) in enumerate(ranges)]
+                    reasons = [f.result() for f in futures]
                 stop_reason = _first_reason(reasons)
             # Sweep from the start: SKIP LOCKED passed over rows that a live transaction held.
             sweeps = 0
@@ -457,9 +466,18 @@ def _first_reason(reasons: Sequence[str | None]) -> str | None:
     return min(present, key=order.index) if present else None
 
 
-def drain_target(engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions) -> DrainResult:
-    """Drain one target with the strategy its format needs."""
+def drain_target(engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions,
+                 keys: KeysSettings | None = None, provider: "KeyProvider | None" = None) -> DrainResult:
+    """Drain one target with the strategy its format needs (``keys``: the legacy switches of fpc1)."""
     fmt = target.settings.format
     if fmt == "aesgcm":
         return AesGcmDrain(engine, target, keyring, options).run()
+    if fmt == "fpc1":
+        from .drain_fpc1 import Fpc1Drain  # imported here: drain_fpc1 builds on this module
+
+        return Fpc1Drain(engine, target, keyring, options, keys=keys).run()
+    if fmt == "vault-transit":
+        from .drain_transit import TransitDrain  # imported here: drain_transit builds on this module
+
+        return TransitDrain(engine, target, keyring, options, provider).run()
     raise NotImplementedError(f"target {target.name}: format {fmt} has no drain yet")
