@@ -106,7 +106,8 @@ class FileKeyProvider:
         folder = self.path.parent
         try:
             if not folder.exists():
-                folder.mkdir(mode=0o700, parents=True)
+                # exist_ok: several processes may create the folder at once on first use.
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             lock_path = self.path.with_name(self.path.name + ".lock")
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:

