@@ -23,6 +23,7 @@ from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
+from .formats.fpc1 import Fpc1CipherSet
 from .gate import LEGACY_KEY, evaluate_gate
 from .inventory import Inventory, take_inventory
 from .inventory_fpc1 import capacity_blocker
@@ -163,6 +164,9 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
             f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
     if "aesgcm" in formats or "vault-transit" in formats:
         keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
+    if "fpc1" in formats:
+        # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
+        Fpc1CipherSet(keyring, legacy_format=ctx.settings.keys.legacy_format)
     if "fpc1" in formats and not ctx.dry_run:
         if not ctx.settings.keys.write_versioned:
             raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"

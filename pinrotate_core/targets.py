@@ -18,6 +18,7 @@ from .formats.aesgcm import ColumnEncoding
 
 CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar"}
 INTEGER_TYPES = {"int2", "int4", "int8", "numeric"}
+FPC1_TYPES = {"text", "varchar", "json", "jsonb"}
 
 
 @dataclass(frozen=True)
@@ -126,4 +127,15 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     encodings = tuple(ColumnEncoding.for_sql_type(c.type_name) for c in cipher_cols)
     if t.format == "aesgcm" and any(c.type_name in ("json", "jsonb") for c in cipher_cols):
         raise TargetBlocked(t.name, "aesgcm cipher columns must be bytea or text")
+    if t.format == "fpc1":
+        # FPC1 is text: bytea cannot hold it as written, char(n) would pad it with blanks.
+        for c in cipher_cols:
+            if c.type_name not in FPC1_TYPES:
+                raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; fpc1 needs text, varchar(n), "
+                                            "json or jsonb")
+            if c.type_name in ("json", "jsonb") and not t.json_paths.get(c.name):
+                raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}: name its encrypted fields "
+                                            "in json_paths")
+    # The room an fpc1 value needs after migration depends on the data and the active key:
+    # inventory_fpc1.capacity_blocker checks it (rotation.resolve_all, inventory).
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols, encodings)
