@@ -1,0 +1,295 @@
+"""``pinrotate.toml``: where it is found, how the environment overrides it, and how it is refused.
+
+A bad configuration must stop the start with one line naming the setting. The same file may hold
+a database URL with a password, so no message may ever echo a value.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pinrotate_core.config import Settings, load_settings, settings_from_mapping
+from pinrotate_core.errors import ConfigError
+from pinrotate_core.presets import PIN_PROFILE_TOML
+
+SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
+DB_URL = f"postgresql://app:{SECRET}@db.internal/profile"
+
+TARGET = """
+[[targets]]
+name = "Person"
+table = "profile.persons"
+key_version = "key_version"
+columns = ["first_name_cipher", "last_name_cipher"]
+"""
+
+
+def config_text(job: str = "", extra: str = "", target: str = TARGET, database: str = f'url = "{DB_URL}"') -> str:
+    return f"[database]\n{database}\n\n[job]\n{job}\n{extra}\n{target}"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def refused(path: Path, env: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, env={} if env is None else env)
+    return str(err.value)
+
+
+# -- where the file is found ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A --config file, a $PINROTATE_CONFIG file and ./pinrotate.toml, told apart by batch_size."""
+    cwd_config = write(tmp_path / "cwd" / "pinrotate.toml", config_text("batch_size = 33"))
+    monkeypatch.chdir(cwd_config.parent)
+    return {
+        "explicit": write(tmp_path / "explicit.toml", config_text("batch_size = 11")),
+        "env": write(tmp_path / "from-env.toml", config_text("batch_size = 22")),
+        "cwd": cwd_config,
+    }
+
+
+def test_the_config_option_wins_over_pinrotate_config_and_the_working_directory(three_configs: dict[str, Path]) -> None:
+    env = {"PINROTATE_CONFIG": str(three_configs["env"])}
+    assert load_settings(three_configs["explicit"], env=env).job.batch_size == 11
+
+
+def test_pinrotate_config_wins_over_the_working_directory(three_configs: dict[str, Path]) -> None:
+    env = {"PINROTATE_CONFIG": str(three_configs["env"])}
+    assert load_settings(None, env=env).job.batch_size == 22
+
+
+def test_pinrotate_toml_in_the_working_directory_is_the_last_resort(three_configs: dict[str, Path]) -> None:
+    assert load_settings(None, env={}).job.batch_size == 33
+    assert load_settings(None, env={"PINROTATE_CONFIG": ""}).job.batch_size == 33
+
+
+def test_the_process_environment_is_read_when_no_mapping_is_given(three_configs: dict[str, Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PINROTATE_CONFIG", str(three_configs["env"]))
+    assert load_settings().job.batch_size == 22
+    monkeypatch.setenv("PINROTATE_BATCH_SIZE", "44")
+    assert load_settings().job.batch_size == 44
+
+
+def test_a_missing_config_file_is_an_error_and_never_falls_back(three_configs: dict[str, Path], tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "pinrotate.toml"
+    assert f"configuration file not found: {missing}" in refused(missing)
+    with pytest.raises(ConfigError, match="configuration file not found"):
+        load_settings(None, env={"PINROTATE_CONFIG": str(missing)})
+
+
+def test_no_configuration_anywhere_says_how_to_give_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_settings(None, env={})
+    message = str(err.value)
+    assert "pinrotate.toml not found" in message and "--config" in message and "PINROTATE_CONFIG" in message
+
+
+def test_a_home_relative_config_path_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path / "conf" / "p.toml", config_text("batch_size = 55"))
+    assert load_settings("~/conf/p.toml", env={}).job.batch_size == 55
+    assert load_settings(None, env={"PINROTATE_CONFIG": "~/conf/p.toml"}).job.batch_size == 55
+
+
+def test_the_pin_profile_example_loads_with_its_four_targets_in_order() -> None:
+    settings = load_settings(PIN_PROFILE_TOML, env={})
+    assert [t.name for t in settings.targets] == ["Person", "PersonDocument", "RequisiteTemplate",
+                                                  "VerificationRequest"]
+    assert all(t.format == "aesgcm" and t.key_version == "key_version" for t in settings.targets)
+    assert settings.target("VerificationRequest").require_not_null == ("snapshot_cipher",)
+    assert settings.target("PersonDocument").columns == ("payload_cipher",)
+    assert settings.database.url is None  # absent: the embedded PostgreSQL
+    assert (settings.job.batch_size, settings.job.max_degree_of_parallelism) == (200, 1)
+
+
+def test_defaults_follow_the_contract(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path / "p.toml", TARGET), env={})
+    job = settings.job
+    assert (job.batch_size, job.max_degree_of_parallelism, job.inter_batch_delay, job.max_run_duration,
+            job.polling_interval, job.single_instance) == (200, 1, 0.2, 600, 300, False)
+    assert settings.keys.provider == "file" and settings.database.url is None
+    assert settings.metrics.prefix == "profile_crypto_reencrypt"
+    assert settings.keys.file_path == Path(os.environ["PINROTATE_HOME"]) / "keys.toml"
+
+
+# -- environment overrides ------------------------------------------------------------------------
+
+
+def test_environment_variables_override_single_settings(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.toml", config_text("batch_size = 10\ninter_batch_delay = 1"))
+    env = {
+        "PINROTATE_DATABASE_URL": "postgresql://other@127.0.0.1/x",
+        "PINROTATE_BATCH_SIZE": "50",
+        "PINROTATE_MAX_DEGREE_OF_PARALLELISM": "3",
+        "PINROTATE_INTER_BATCH_DELAY": "0.05",
+        "PINROTATE_MAX_RUN_DURATION": "30",
+        "PINROTATE_SINGLE_INSTANCE": "true",
+        "PINROTATE_KEYS_PROVIDER": "env",
+        "PINROTATE_KEYS_FILE": str(tmp_path / "k.toml"),
+        "PINROTATE_METRICS_TEXTFILE": str(tmp_path / "m.prom"),
+        "VAULT_ADDR": "http://127.0.0.1:8200",
+        "VAULT_TOKEN": "hvs.not-a-real-token",
+    }
+    s = load_settings(path, env=env)
+    assert s.database.url == "postgresql://other@127.0.0.1/x"
+    assert (s.job.batch_size, s.job.max_degree_of_parallelism, s.job.inter_batch_delay,
+            s.job.max_run_duration, s.job.single_instance) == (50, 3, 0.05, 30, True)
+    assert s.keys.provider == "env" and s.keys.file_path == tmp_path / "k.toml"
+    assert s.metrics.textfile == str(tmp_path / "m.prom")
+    assert s.keys.vault.addr == "http://127.0.0.1:8200" and s.keys.vault.token == "hvs.not-a-real-token"
+    assert "hvs.not-a-real-token" not in repr(s)
+
+
+def test_an_override_fills_a_section_the_file_does_not_have(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", TARGET), env={"PINROTATE_DATABASE_URL": "postgresql://a@127.0.0.1/b"})
+    assert s.database.url == "postgresql://a@127.0.0.1/b"
+
+
+def test_an_empty_environment_variable_overrides_nothing(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text("batch_size = 10")),
+                      env={"PINROTATE_BATCH_SIZE": "", "PINROTATE_DATABASE_URL": ""})
+    assert s.job.batch_size == 10 and s.database.url == DB_URL
+
+
+def test_unrelated_environment_variables_are_ignored(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text("batch_size = 10")),
+                      env={"PINROTATE_BATCHSIZE": "1", "PINROTATE_KEY_1": "not a setting", "BATCH_SIZE": "2"})
+    assert s.job.batch_size == 10
+
+
+@pytest.mark.parametrize("var, value, setting", [
+    ("PINROTATE_BATCH_SIZE", SECRET, "job.batch_size"),
+    ("PINROTATE_BATCH_SIZE", "0", "job.batch_size"),
+    ("PINROTATE_MAX_DEGREE_OF_PARALLELISM", "0", "job.max_degree_of_parallelism"),
+    ("PINROTATE_SINGLE_INSTANCE", SECRET, "job.single_instance"),
+    ("PINROTATE_KEYS_PROVIDER", SECRET, "keys.provider"),
+    ("PINROTATE_INTER_BATCH_DELAY", "-1", "job.inter_batch_delay"),
+])
+def test_a_bad_override_names_the_setting_and_not_the_value(tmp_path: Path, var: str, value: str, setting: str) -> None:
+    path = write(tmp_path / "p.toml", config_text())
+    message = refused(path, {var: value, "PINROTATE_DATABASE_URL": DB_URL})
+    assert message.startswith(f"{path}: {setting}: ")
+    assert "\n" not in message and SECRET not in message
+
+
+def test_settings_are_immutable_once_validated(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text()), env={})
+    with pytest.raises(Exception) as err:  # noqa: PT011 - pydantic's frozen-instance error
+        s.job.batch_size = 1  # type: ignore[misc]
+    assert "frozen" in str(err.value).lower()
+
+
+# -- every validation error: one line, the setting named, no value echoed ------------------------
+
+BAD = {
+    "batch_size_zero": (config_text("batch_size = 0"), "job.batch_size: Input should be greater than 0"),
+    "batch_size_negative": (config_text("batch_size = -5"), "job.batch_size"),
+    "batch_size_not_a_number": (config_text(f'batch_size = "{SECRET}"'), "job.batch_size"),
+    "parallelism_zero": (config_text("max_degree_of_parallelism = 0"), "job.max_degree_of_parallelism"),
+    "negative_delay": (config_text("inter_batch_delay = -0.1"), "job.inter_batch_delay"),
+    "zero_duration": (config_text("max_run_duration = 0"), "job.max_run_duration"),
+    "zero_polling": (config_text("polling_interval = 0"), "job.polling_interval"),
+    "single_instance_not_bool": (config_text(f'single_instance = "{SECRET}"'), "job.single_instance"),
+    "unknown_job_setting": (config_text(f'batchsize = "{SECRET}"'), "job.batchsize: unknown setting"),
+    "unknown_section": (config_text(extra=f'[jobs]\nbatch_size = "{SECRET}"\n'), "jobs: unknown setting"),
+    "unknown_database_setting": (config_text(database=f'url = "{DB_URL}"\npassword = "{SECRET}"'),
+                                 "database.password: unknown setting"),
+    "url_not_a_string": (config_text(database=f'url = ["{DB_URL}"]'), "database.url"),
+    "unknown_provider": (config_text(extra=f'[keys]\nprovider = "{SECRET}"\n'), "keys.provider"),
+    "k8s_dir_without_dir": (config_text(extra='[keys]\nprovider = "k8s-dir"\n'),
+                            "keys: provider \"k8s-dir\" needs keys.dir"),
+    "vault_kv_without_path": (config_text(extra='[keys]\nprovider = "vault-kv"\n'), "keys.vault.path"),
+    "approle_without_role_id": (config_text(extra=f'[keys.vault]\nauth = "approle"\nsecret_id = "{SECRET}"\n'),
+                                "keys.vault: auth = \"approle\" needs role_id"),
+    "unknown_vault_setting": (config_text(extra=f'[keys.vault]\npasswd = "{SECRET}"\n'),
+                              "keys.vault.passwd: unknown setting"),
+    "bad_legacy_format": (config_text(extra=f'[keys]\nlegacy_format = "{SECRET}"\n'), "keys.legacy_format"),
+    "bad_metrics_prefix": (config_text(extra='[metrics]\nprefix = "9-bad"\n'), "metrics.prefix"),
+    "no_targets": (config_text(target=""), "targets: required setting is missing"),
+    "aesgcm_without_key_version": (config_text(target=TARGET.replace('key_version = "key_version"\n', "")),
+                                   "targets[0]: an aesgcm target needs key_version"),
+    "target_without_columns": (config_text(target=TARGET.replace(
+        'columns = ["first_name_cipher", "last_name_cipher"]', "columns = []")), "targets[0].columns"),
+    "target_without_table": (config_text(target=TARGET.replace('table = "profile.persons"\n', "")),
+                             "targets[0].table: required setting is missing"),
+    "unknown_format": (config_text(target=TARGET + f'format = "{SECRET}"\n'), "targets[0].format"),
+    "unknown_target_setting": (config_text(target=TARGET + f'secret = "{SECRET}"\n'),
+                               "targets[0].secret: unknown setting"),
+    "bad_table_name": (config_text(target=TARGET.replace('"profile.persons"', '"a.b.c"')), "targets[0].table"),
+    "bad_target_name": (config_text(target=TARGET.replace('name = "Person"', 'name = "Per son!"')),
+                        "targets[0].name"),
+    "duplicate_column": (config_text(target=TARGET.replace('"last_name_cipher"]', '"first_name_cipher"]')),
+                         "targets[0]: columns are listed twice"),
+    "json_paths_on_aesgcm": (config_text(target=TARGET + 'json_paths = {first_name_cipher = ["$.x"]}\n'),
+                             "targets[0]: json_paths is supported for fpc1 targets only"),
+    "second_target_bad": (config_text(target=TARGET + TARGET.replace('"Person"', '"Other"') + "batch = 1\n"),
+                          "targets[1].batch: unknown setting"),
+    "duplicate_target_names": (config_text(target=TARGET + TARGET), "target names must be unique"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_every_validation_error_is_one_line_naming_the_setting_and_never_a_value(tmp_path: Path, case: str) -> None:
+    text, named = BAD[case]
+    path = write(tmp_path / "pinrotate.toml", text)
+    message = refused(path, {"VAULT_TOKEN": "hvs." + SECRET})
+    assert message.startswith(f"{path}: ")
+    assert named in message
+    assert "\n" not in message
+    assert SECRET not in message and DB_URL not in message and "db.internal" not in message
+
+
+def test_several_errors_report_the_first_and_how_many_more(tmp_path: Path) -> None:
+    message = refused(write(tmp_path / "p.toml", config_text("batch_size = 0\nmax_degree_of_parallelism = 0")))
+    assert "job.batch_size" in message and "(and 1 more)" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("text", [
+    f'[database]\nurl = "{DB_URL}\n',  # unterminated string on the password's line
+    f"[database]\nurl = {DB_URL}\n",  # not a TOML value at all
+    f'[database]\nurl = "a"\nurl = "{DB_URL}"\n',  # the same key twice
+    f"{SECRET} {SECRET}\n",
+])
+def test_a_file_that_is_not_toml_is_refused_by_line_and_column_without_its_text(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path / "p.toml", text)
+    message = refused(path)
+    assert message.startswith(f"{path}: not valid TOML (") and "line" in message
+    assert SECRET not in message and "\n" not in message
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_file_only(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_bytes(b'[database]\nurl = "postgresql://app:\xff\xfe' + SECRET.encode() + b'@h/db"\n')
+    message = refused(path)
+    assert message == f"{path}: cannot read (UnicodeDecodeError)"
+
+
+def test_a_mapping_is_validated_the_same_way_with_the_source_named() -> None:
+    with pytest.raises(ConfigError) as err:
+        settings_from_mapping({"job": {"batch_size": 0}, "targets": []}, env={}, source="flow parameters")
+    assert str(err.value).startswith("flow parameters: ")
+
+
+def test_an_override_into_a_section_that_is_not_a_table_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.toml", f'job = "{SECRET}"\n' + TARGET)
+    message = refused(path, {"PINROTATE_BATCH_SIZE": "5"})
+    assert message == f"{path}: job must be a table"
+
+
+def test_an_unknown_target_name_lists_the_configured_ones(tmp_path: Path) -> None:
+    settings: Settings = load_settings(PIN_PROFILE_TOML, env={})
+    with pytest.raises(ConfigError) as err:
+        settings.target("Nobody")
+    assert "--target Nobody" in str(err.value) and "Person, PersonDocument" in str(err.value)
