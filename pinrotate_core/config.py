@@ -228,6 +228,7 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
                           source: str = "configuration") -> Settings:
     env = os.environ if env is None else env
     data = _deep_copy(raw)
+    origins: dict[tuple[str, ...], str] = {}
     for var, where in _ENV_OVERRIDES.items():
         value = env.get(var)
         if value is None or value == "":
@@ -238,14 +239,19 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
             if not isinstance(node, dict):
                 raise ConfigError(f"{source}: {'.'.join(where[:-1])} must be a table")
         node[where[-1]] = value
+        origins[where] = var
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source}: {describe_validation_error(e)}") from None
+        raise ConfigError(f"{source}: {describe_validation_error(e, origins)}") from None
 
 
-def describe_validation_error(e: ValidationError) -> str:
-    """First error as ``dotted.setting: message``; pydantic's input value is deliberately left out."""
+def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None) -> str:
+    """First error as ``dotted.setting: message``; pydantic's input value is deliberately left out.
+
+    A setting that came from an environment variable is named with it, so the operator looks there
+    and not in the file.
+    """
     parts = []
     for err in e.errors(include_url=False, include_input=False):
         loc = ""
@@ -256,7 +262,8 @@ def describe_validation_error(e: ValidationError) -> str:
             msg = "unknown setting"
         elif err["type"] == "missing":
             msg = "required setting is missing"
-        parts.append(f"{loc or 'configuration'}: {msg}")
+        var = (origins or {}).get(tuple(str(i) for i in err["loc"]))
+        parts.append(f"{loc or 'configuration'}{f' (from {var})' if var else ''}: {msg}")
     more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
     return parts[0] + more
 

@@ -96,6 +96,10 @@ def target_report(r: DrainResult) -> dict[str, Any]:
         "batches": r.batches,
         "duration_ms": round(r.duration_ms),
     }
+    # Format-specific counts (fpc1: values left as they are and why), when the result has them.
+    for extra in ("unknown", "unknown_key", "legacy_left"):
+        if getattr(r, extra, 0):
+            out[extra] = getattr(r, extra)
     if r.stopped:
         out["stopped"] = r.stopped
     if r.error:
@@ -328,8 +332,11 @@ def record_metrics(report: RunReport, metrics: "RotationMetrics") -> None:
         metrics.set_progress(name, r.backlog_remaining)
         if r.reencrypted and not report.dry_run:
             metrics.add_processed(name, r.reencrypted)
-        if r.failed:
-            metrics.add_error("decrypt_failed", len(r.failed))
+        for reason in ("decrypt_failed", "unknown_key"):
+            n = sum(1 for f in r.failed if f.reason == reason)
+            if n:
+                # A value naming a key the keyring lacks is a key-provider failure, not a bad value.
+                metrics.add_error("key_unavailable" if reason == "unknown_key" else reason, n)
         if r.conflicts:
             metrics.add_error("conflict", r.conflicts)
         if r.stopped in ("key_unavailable", "db_error"):

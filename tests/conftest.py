@@ -377,3 +377,15 @@ def keys_file(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Prefect fixtures (added by the lead developer): keep everything Prefect below this line.
 # ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
+    """A fresh database on the primary server only: for the command-line and Prefect tests, whose
+    subject is the orchestration, not the SQL (the drain's SQL runs on every server elsewhere)."""
+    server = _pg_registry.get(PG_SERVER_IDS[0])
+    url = server.create_database()
+    try:
+        yield url
+    finally:
+        server.drop_database(url)

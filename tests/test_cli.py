@@ -24,8 +24,8 @@ def test_help_answers_without_importing_prefect() -> None:
     assert "NO_PREFECT" in proc.stderr
 
 
-def test_inventory_gate_and_keys_never_import_prefect(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=40)
+def test_inventory_gate_and_keys_never_import_prefect(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=40)
     probe = ("import sys, flows.cli as c; rc = c.main(sys.argv[1:]); "
              "print('PREFECT_LOADED' if 'prefect' in sys.modules else 'NO_PREFECT', file=sys.stderr); sys.exit(rc)")
     for args in (["inventory"], ["gate", "--retire", "1"], ["keys", "list"]):
@@ -34,8 +34,8 @@ def test_inventory_gate_and_keys_never_import_prefect(database_url: str, tmp_pat
         assert "NO_PREFECT" in proc.stderr, (args, proc.stderr)
 
 
-def test_inventory_json_counts_rows_per_key_and_category(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=40)
+def test_inventory_json_counts_rows_per_key_and_category(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=40)
     code, doc, _ = cli("inventory", "--config", str(profile.config_path), "--json")
     assert code == 0
     assert doc["current_key"] == "2"
@@ -49,16 +49,16 @@ def test_inventory_json_counts_rows_per_key_and_category(database_url: str, tmp_
     assert requests["EXCLUDED"] == profile.summary.drafts > 0
 
 
-def test_gate_is_closed_with_exit_3_while_rows_reference_the_key(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=40)
+def test_gate_is_closed_with_exit_3_while_rows_reference_the_key(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=40)
     code, doc, _ = cli("gate", "--retire", "1", "--config", str(profile.config_path), "--json")
     assert code == 3
     assert doc["key"] == "1" and doc["open"] is False
     assert doc["blocking"]["HISTORICAL"] == profile.summary.total_rows - profile.summary.drafts
 
 
-def test_keys_add_then_promote_then_list(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=4, promote=False)
+def test_keys_add_then_promote_then_list(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=4, promote=False)
     cfg = str(profile.config_path)
     code, added, _ = cli("keys", "add", "--config", cfg, "--json")
     assert code == 0 and added == {"provider": f"file {profile.keys_file}", "added": "2", "current": "1"}
@@ -83,19 +83,19 @@ def test_keys_add_then_promote_then_list(database_url: str, tmp_path: Path) -> N
     ('key_version = "key_version"', 'key_version = ""', "targets[0]"),
 ])
 def test_bad_configuration_exits_2_naming_the_setting_and_touches_nothing(
-        database_url: str, tmp_path: Path, old: str, new: str, setting: str) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=10)
+        primary_database_url: str, tmp_path: Path, old: str, new: str, setting: str) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=10)
     good = profile.config_path.read_text()
     assert old in good
     bad = tmp_path / "bad.toml"
     bad.write_text(good.replace(old, new, 1))
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(primary_database_url) as conn:
         before = conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall()
     code, doc, err = cli("run", "--config", str(bad), "--json")
     assert code == 2, err
     assert setting in err and err.count("\n") <= 3
     assert doc["exit_code"] == 2
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(primary_database_url) as conn:
         assert conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall() == before
 
 
@@ -104,8 +104,8 @@ def test_missing_configuration_file_exits_2(tmp_path: Path) -> None:
     assert code == 2 and "absent.toml" in err
 
 
-def test_missing_table_exits_2_before_anything_is_written(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=10)
+def test_missing_table_exits_2_before_anything_is_written(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=10)
     text = profile.config_path.read_text().replace("profile.requisite_templates", "profile.no_such_table")
     cfg = tmp_path / "missing.toml"
     cfg.write_text(text)
@@ -115,8 +115,8 @@ def test_missing_table_exits_2_before_anything_is_written(database_url: str, tmp
     assert profile.key_versions("persons") == {1: 10}
 
 
-def test_inventory_reports_a_missing_table_as_blocked(database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=10)
+def test_inventory_reports_a_missing_table_as_blocked(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=10)
     cfg = tmp_path / "missing.toml"
     cfg.write_text(profile.config_path.read_text().replace("profile.requisite_templates", "profile.gone"))
     code, doc, _ = cli("inventory", "--config", str(cfg), "--json")

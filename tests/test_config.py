@@ -180,7 +180,7 @@ def test_unrelated_environment_variables_are_ignored(tmp_path: Path) -> None:
 def test_a_bad_override_names_the_setting_and_not_the_value(tmp_path: Path, var: str, value: str, setting: str) -> None:
     path = write(tmp_path / "p.toml", config_text())
     message = refused(path, {var: value, "PINROTATE_DATABASE_URL": DB_URL})
-    assert message.startswith(f"{path}: {setting}: ")
+    assert message.startswith(f"{path}: {setting} (from {var}): ")
     assert "\n" not in message and SECRET not in message
 
 
@@ -293,3 +293,4 @@ def test_an_unknown_target_name_lists_the_configured_ones(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as err:
         settings.target("Nobody")
     assert "--target Nobody" in str(err.value) and "Person, PersonDocument" in str(err.value)
+

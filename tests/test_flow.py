@@ -36,14 +36,14 @@ def rows_consistent(profile: PinProfile) -> dict[int, int]:
     return per_key
 
 
-def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, database_url: str,
+def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, primary_database_url: str,
                                                              tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.rotate import pinrotate_rotate
 
-    profile = seed_profile(database_url, tmp_path, rows=300, batch_size=50, inter_batch_delay=0)
+    profile = seed_profile(primary_database_url, tmp_path, rows=300, batch_size=50, inter_batch_delay=0)
     report = pinrotate_rotate(config_path=str(profile.config_path))
     assert report["exit_code"] == 0
     assert set(report["targets"]) == {"Person", "PersonDocument", "RequisiteTemplate", "VerificationRequest"}
@@ -72,9 +72,9 @@ def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, 
     assert "OPEN" in by_type["markdown"][0].data
 
 
-def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_api: str, database_url: str,
+def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_api: str, primary_database_url: str,
                                                                       tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=120, batch_size=40, inter_batch_delay=0)
+    profile = seed_profile(primary_database_url, tmp_path, rows=120, batch_size=40, inter_batch_delay=0)
     env = {"PREFECT_API_URL": prefect_api}
     code, doc, err = cli("run", "--config", str(profile.config_path), "--json", env=env)
     assert code == 0, err
@@ -86,16 +86,16 @@ def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_a
     assert sum(t["reencrypted"] for t in again["targets"].values()) == 0
 
 
-def test_dry_run_through_the_cli_counts_and_writes_nothing(prefect_api: str, database_url: str,
+def test_dry_run_through_the_cli_counts_and_writes_nothing(prefect_api: str, primary_database_url: str,
                                                            tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=100, batch_size=30, inter_batch_delay=0)
-    with psycopg.connect(database_url) as conn:
+    profile = seed_profile(primary_database_url, tmp_path, rows=100, batch_size=30, inter_batch_delay=0)
+    with psycopg.connect(primary_database_url) as conn:
         before = conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall()
     code, doc, err = cli("run", "--dry-run", "--config", str(profile.config_path), "--json",
                          env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err
     assert doc["dry_run"] is True and doc["targets"]["Person"]["reencrypted"] == 100
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(primary_database_url) as conn:
         assert conn.execute("SELECT id, xmin::text FROM profile.persons ORDER BY id").fetchall() == before
 
 
@@ -128,14 +128,14 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
 SLOW_JOB = {"batch_size": 10, "inter_batch_delay": 0.3}
 
 
-def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_api: str, database_url: str,
+def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_api: str, primary_database_url: str,
                                                                        tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelling
 
-    profile = seed_profile(database_url, tmp_path, rows=200, **SLOW_JOB)
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
     proc = _start_run(profile, prefect_api)
     try:
         _wait_for_progress(profile, proc)
@@ -164,9 +164,9 @@ def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_a
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_sigterm_stops_every_drain_between_batches_with_exit_143(prefect_api: str, database_url: str,
+def test_sigterm_stops_every_drain_between_batches_with_exit_143(prefect_api: str, primary_database_url: str,
                                                                  tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=200, **SLOW_JOB)
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
     proc = _start_run(profile, prefect_api)
     try:
         _wait_for_progress(profile, proc)

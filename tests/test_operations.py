@@ -15,9 +15,9 @@ from tests.prefect_fixtures import prefect_api  # noqa: F401 - fixture
 
 
 def test_a_second_run_exits_0_at_once_while_another_holds_the_single_instance_lock(
-        prefect_api: str, database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(database_url, tmp_path, rows=30, single_instance=True)
-    with psycopg.connect(database_url, autocommit=True) as holder:
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=30, single_instance=True)
+    with psycopg.connect(primary_database_url, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (LOCK_NAME,))
         code, doc, err = cli("run", "--config", str(profile.config_path), "--json",
                              env={"PREFECT_API_URL": prefect_api})
@@ -31,16 +31,16 @@ def test_a_second_run_exits_0_at_once_while_another_holds_the_single_instance_lo
 
 
 def test_no_plaintext_key_or_ciphertext_appears_in_output_logs_artifacts_or_report(
-        prefect_api: str, database_url: str, tmp_path: Path) -> None:
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 
-    profile = seed_profile(database_url, tmp_path, rows=0, batch_size=7, inter_batch_delay=0)
+    profile = seed_profile(primary_database_url, tmp_path, rows=0, batch_size=7, inter_batch_delay=0)
     ring = profile.provider().load_keyring()
     old = AesGcmCipherSet(type(ring)(current="1", keys=ring.keys, source="test"))
     markers: list[str] = []
     stored: list[bytes] = []
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(primary_database_url) as conn:
         for i in range(40):
             values = []
             for field in ("first", "last", "middle", "birth"):
