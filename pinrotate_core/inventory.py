@@ -172,7 +172,16 @@ def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, d
                 result.targets[t.name] = blocked_inventory(t, f"format {t.format} has no inventory")
                 continue
             try:
-                result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant)
+                if t.format == "fpc1":  # fpc1 also reads [keys] legacy_format (legacy values, capacity)
+                    from .inventory_fpc1 import inventory_fpc1
+
+                    result.targets[t.name] = inventory_fpc1(conn, resolved, keyring, deep, tenant, keys=settings.keys)
+                else:
+                    result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant)
             except psycopg.Error as e:
                 raise DatabaseError(f"inventory of target {t.name} failed ({describe_db_error(e)})") from None
     return result
+
+
+from . import inventory_fpc1  # noqa: E402,F401  (registers the fpc1 inventory)
+from . import inventory_transit  # noqa: E402,F401  (registers the vault-transit inventory)

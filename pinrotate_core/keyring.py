@@ -62,6 +62,8 @@ class Keyring:
     legacy: Key | None = None
     # Set by providers that keep keys server-side (vault-transit): no local material at all.
     server_side: bool = field(default=False)
+    # vault-transit only: versions below it no longer decrypt in Transit (inventory: UNKNOWN_KEY).
+    min_decryption_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.server_side and self.current not in self.keys:

@@ -497,9 +497,12 @@ class VaultTransitKeyProvider:
     def load_keyring(self) -> Keyring:
         """Read once per instance: the run works towards the version current at its start."""
         if self._keyring is None:
-            latest = self.current_version()
-            self._keyring = Keyring(current=str(latest), keys={}, source=self.description, server_side=True)
-            log_event("keyring_loaded", source=self.description, current=latest)
+            info = self.key_info()  # one read gives both versions
+            latest = self._version_field(info, "latest_version")
+            oldest = self._version_field(info, "min_decryption_version")
+            self._keyring = Keyring(current=str(latest), keys={}, source=self.description, server_side=True,
+                                    min_decryption_version=oldest)
+            log_event("keyring_loaded", source=self.description, current=latest, min_decryption_version=oldest)
         return self._keyring
 
     def key_info(self) -> dict[str, Any]:
