@@ -140,10 +140,13 @@ class _Tally:
 
 
 class AesGcmDrain:
-    """Drain of one ``aesgcm`` target: rows with ``key_version < current``."""
+    """Drain of one ``aesgcm`` target: rows with ``key_version < current``.
+
+    Subclasses for other formats override ``_selection``, ``_update`` and ``_plan_batch``; the
+    keyset passes, pipelining, sweeps, stop rules and counting are shared.
+    """
 
     def __init__(self, engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions) -> None:
-        assert target.key_version is not None
         self.engine = engine
         self.target = target
         self.keyring = keyring
@@ -153,15 +156,27 @@ class AesGcmDrain:
         self.tally = _Tally()
         self._stop_target = threading.Event()  # one worker's fail-closed stop stops its siblings
         t = target.settings
-        self._kv = sql.Identifier(t.key_version or "")
         self._id = sql.Identifier(t.id)
         self._cols = [sql.Identifier(c) for c in t.columns]
+        self._kv, self._backlog = self._selection()
+        self._update_sql = self._update()
+
+    def _selection(self) -> tuple[sql.Composable, sql.Composable]:
+        """(the key-version expression, the backlog condition with one ``%s`` for current)."""
+        t = self.target.settings
+        assert t.key_version is not None
+        kv = sql.Identifier(t.key_version)
         # The backlog: rows on an older key. "<" never selects a row on a newer key (key rolled back),
         # and never a NULL key version (drafts without a snapshot).
-        conds = [sql.SQL("{} < %s").format(self._kv)]
+        conds = [sql.SQL("{} < %s").format(kv)]
         conds += [sql.SQL("{} IS NOT NULL").format(sql.Identifier(c)) for c in t.require_not_null]
-        self._backlog = sql.SQL(" AND ").join(conds)
-        self._update_sql = self._update()
+        return kv, sql.SQL(" AND ").join(conds)
+
+    def _plan_batch(self, rows: Sequence[Sequence[Any]]) -> BatchPlan:
+        """The new values for a locked batch (pure; see ``reencrypt``)."""
+        t = self.target
+        return plan_aesgcm_batch(t.name, t.settings.columns, t.encodings, rows, self.ciphers,
+                                 known_failed=self.tally.failed_ids())
 
     # -- SQL ---------------------------------------------------------------------------------
 
@@ -328,8 +343,7 @@ class AesGcmDrain:
                     more = len(rows) == opts.batch_size
                     if more and early_prefetch:
                         next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi)
-                    plan = plan_aesgcm_batch(t.name, t.settings.columns, t.encodings, rows, self.ciphers,
-                                             known_failed=self.tally.failed_ids())
+                    plan = self._plan_batch(rows)
                     if pending is not None:
                         self._settle(pending)
                         pending = None

@@ -8,19 +8,14 @@ not just check to be on the run's current version, and never logs a value.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .db import raw_connection
-from .drain import STOP_CANCELLED, AesGcmDrain, DrainOptions, _Tally
+from .drain import AesGcmDrain, DrainOptions
 from .errors import CiphertextInvalid, ConfigError, KeyUnavailable
 from .formats.transit import transit_version, transit_version_or_none
 from .inventory_transit import TRANSIT_COLUMN_TYPES, lowest_version_sql, scope_sql
@@ -185,24 +180,23 @@ class TransitDrain(AesGcmDrain):
         if odd:
             raise ConfigError(f"target {target.name}: vault-transit cipher columns must be text, varchar or bytea "
                               f"({', '.join(odd)} is not)")
-        self.engine, self.target, self.keyring, self.options = engine, target, keyring, options
         self.rewrapper = provider
-        self.current = keyring.current_version
-        self.tally = _Tally()
-        self._stop_target = threading.Event()  # one worker's fail-closed stop stops its siblings
-        t = target.settings
-        self._id = sql.Identifier(t.id)
-        self._cols = [sql.Identifier(c) for c in t.columns]
+        super().__init__(engine, target, keyring, options)
+
+    def _selection(self) -> tuple[sql.Composable, sql.Composable]:
+        t = self.target.settings
         if t.key_version:
-            self._kv = sql.Identifier(t.key_version)
-            conds = [sql.SQL("{} < %s").format(self._kv)]
+            kv: sql.Composable = sql.Identifier(t.key_version)
+            conds = [sql.SQL("{} < %s").format(kv)]
         else:
-            # No key-version column: the inherited SELECT reads NULL in its place.
-            self._kv = sql.SQL("NULL::int8")  # type: ignore[assignment]
-            conds = [sql.SQL("{} < %s").format(lowest_version_sql(target))]
-        conds.append(scope_sql(target, options.tenant))  # require_not_null, soft delete, --tenant
-        self._backlog = sql.SQL(" AND ").join(conds)
-        self._update_sql = super()._update() if t.key_version else self._update_values_only()
+            # No key-version column: the shared SELECT reads NULL in its place.
+            kv = sql.SQL("NULL::int8")
+            conds = [sql.SQL("{} < %s").format(lowest_version_sql(self.target))]
+        conds.append(scope_sql(self.target, self.options.tenant))  # require_not_null, soft delete, --tenant
+        return kv, sql.SQL(" AND ").join(conds)
+
+    def _update(self) -> sql.Composed:
+        return super()._update() if self.target.settings.key_version else self._update_values_only()
 
     def _update_values_only(self) -> sql.Composed:
         """The UPDATE for a target without a key-version column.
@@ -226,40 +220,3 @@ class TransitDrain(AesGcmDrain):
     def _plan_batch(self, rows: Sequence[Sequence[Any]]) -> BatchPlan:
         return plan_transit_batch(self.target.name, self.target.columns, rows, self.current, self.rewrapper,
                                   known_failed=self.tally.failed_ids())
-
-    def _pass(self, worker: int, lo: Any, hi: Any) -> str | None:
-        """One keyset pass over ``(lo, hi]`` on one connection; returns why it stopped early, or None.
-
-        Sequential on purpose: the batch's rows stay locked while Transit rewraps them, and the
-        rewrap, not the database, is the slow step; each batch is one transaction.
-        """
-        opts = self.options
-        last = lo
-        batch_no = 0
-        with raw_connection(self.engine) as conn:
-            self._prepare_session(conn)
-            while (reason := self._should_stop()) is None:
-                started = time.perf_counter()
-                rows = self._fetch(conn, last, hi)  # BEGIN; the batch is locked from here
-                if not rows:
-                    conn.execute("ROLLBACK")
-                    return None
-                try:
-                    plan = self._plan_batch(rows)
-                    if opts.dry_run:
-                        conn.execute("ROLLBACK")
-                    else:
-                        self._write(conn, plan)  # COMMIT, or ROLLBACK and raise
-                except BaseException:
-                    # Fail closed: the open batch rolls back whole, nothing is half-written.
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-                    raise
-                batch_no += 1
-                self._record(worker, batch_no, len(rows), plan, started)
-                last = rows[-1][0]
-                if len(rows) < opts.batch_size:
-                    return None
-                if opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
-                    return STOP_CANCELLED
-        return reason

@@ -254,7 +254,12 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
             # Rows that did not decrypt; fpc1 values on a missing key are UNKNOWN_KEY in the inventory.
             inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
     out: dict[str, Any] = {}
-    keys = list(ctx.keyring.ids())
+    ring = ctx.keyring
+    if ring.server_side:
+        # Transit keeps its versions server-side: every older version it can still decrypt.
+        keys = [str(v) for v in range(max(1, ring.min_decryption_version or 1), ring.current_version)]
+    else:
+        keys = list(ring.ids())
     if any(t.format == "fpc1" for t in ctx.targets):
         keys.append(LEGACY_KEY)
     for key in keys:

@@ -310,12 +310,15 @@ def test_server_stopped_mid_run_rolls_the_batch_back_and_a_later_run_completes(
 
     result = report.targets[PEOPLE]
     assert result.stopped == "key_unavailable" and result.retryable is True
-    assert result.reencrypted == 600 and result.batches == 2 and result.backlog_remaining == 1400
+    # The drain is pipelined: the batch after the second may already have been rewrapped when the
+    # server stopped, and then commits whole; the first batch that needed the server rolls back.
+    moved = result.reencrypted
+    assert moved in (600, 900) and result.batches == moved // 300 and result.backlog_remaining == 2000 - moved
     assert "cannot connect" in (result.error or "") and server.addr in (result.error or "")
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED
     rows = people_rows(pg_conn)
-    assert_no_row_half_written(rows)  # the third batch rolled back whole
-    assert [r[1] for r in rows].count(3) == 600 and sorted(r[0] for r in rows if r[1] == 3) == list(range(1, 601))
+    assert_no_row_half_written(rows)  # the batch in flight rolled back whole
+    assert sorted(r[0] for r in rows if r[1] == 3) == list(range(1, moved + 1))
 
     # The server comes back (in-memory dev server: same port and token, the key restored).
     server.start()
@@ -323,7 +326,7 @@ def test_server_stopped_mid_run_rolls_the_batch_back_and_a_later_run_completes(
     bao(server).api("POST", f"{mount}/restore/{key}", {"backup": backup})
     later = rotation.run_rotation(settings)
     assert later.exit_code == rotation.EXIT_OK
-    assert later.targets[PEOPLE].reencrypted == 1400 and later.targets[PEOPLE].backlog_remaining == 0
+    assert later.targets[PEOPLE].reencrypted == 2000 - moved and later.targets[PEOPLE].backlog_remaining == 0
     rows = people_rows(pg_conn)
     assert {r[1] for r in rows} == {3}
     assert_no_row_half_written(rows)
@@ -353,7 +356,8 @@ def test_revoked_token_mid_run_stops_the_target_and_is_not_retryable(
     result = report.targets[PEOPLE]
     assert result.stopped == "key_unavailable" and result.retryable is False
     assert "HTTP 403" in (result.error or "")
-    assert result.reencrypted == 100 and result.backlog_remaining == 200
+    # Pipelined drain: the second batch may have been rewrapped before the revocation; it then commits.
+    assert result.reencrypted in (100, 200) and result.backlog_remaining == 300 - result.reencrypted
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED
     assert_no_row_half_written(people_rows(pg_conn))
     assert_secret_free(outputs(logs, capsys, report, result), [token, openbao.token])
@@ -372,10 +376,13 @@ def test_key_rotated_during_the_run_writes_nothing_under_a_version_the_run_did_n
     report = run_steps(settings_for(database_url, openbao, mount, key, batch_size=50), on_batch=rotate_after_first_batch)
 
     result = report.targets[PEOPLE]
-    assert result.stopped == "key_unavailable" and result.reencrypted == 50
+    # Pipelined drain: the second batch may have been rewrapped (under 3) before the rotation.
+    moved = result.reencrypted
+    assert result.stopped == "key_unavailable" and moved in (50, 100)
     assert "rotated during the run" in (result.error or "")
     rows = people_rows(pg_conn)
-    assert {r[1] for r in rows} == {1, 2, 3} and [r[1] for r in rows].count(3) == 50
+    assert {r[1] for r in rows} == {1, 2, 3} and [r[1] for r in rows].count(3) == moved
+    assert 4 not in {r[1] for r in rows}  # nothing under a version the run did not start with
     assert_no_row_half_written(rows)
     # The next run works towards version 4, and moves the rows already on 3 too.
     later = rotation.run_rotation(settings_for(database_url, openbao, mount, key))
@@ -468,7 +475,10 @@ def test_gate_opens_for_old_versions_once_the_drain_is_done(
     assert not evaluate_gate(inv, "1").open and not evaluate_gate(inv, "2").open
 
     pg_conn.execute("UPDATE people SET key_version = 1 WHERE id <= 10")
-    assert rotation.run_rotation(settings).exit_code == 0
+    final = rotation.run_rotation(settings)
+    assert final.exit_code == 0
+    # The run's own gate report covers every older Transit version, as `gate --retire` would.
+    assert final.gate == {"1": {"open": True, "blocking": {}}, "2": {"open": True, "blocking": {}}}
     inv = rotation.inventory(settings)
     people = inv.targets[PEOPLE]
     assert people.counts["ACTIVE"] == people.total and people.extra["transit_rows_behind_key_version"] == 0
