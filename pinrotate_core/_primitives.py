@@ -5,6 +5,8 @@ Nothing here knows about keyrings, columns or databases; nothing here ever logs.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import os
 
 from cryptography.exceptions import InvalidTag
@@ -70,7 +72,7 @@ class AesGcm:
     def __repr__(self) -> str:
         return "AesGcm(<redacted>)"
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("key objects cannot be pickled")
 
 
@@ -103,7 +105,7 @@ class Sm4Gcm:
     def __repr__(self) -> str:
         return "Sm4Gcm(<redacted>)"
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("key objects cannot be pickled")
 
 
@@ -137,5 +139,5 @@ class AesEcbPkcs7:
     def __repr__(self) -> str:
         return "AesEcbPkcs7(<redacted>)"
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("key objects cannot be pickled")

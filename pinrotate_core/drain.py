@@ -229,25 +229,10 @@ class AesGcmDrain:
     # -- the drain ---------------------------------------------------------------------------
 
     def _should_stop(self) -> str | None:
-        if self.options.stop.is_set():
-            return STOP_CANCELLED
-        if self._stop_target.is_set():
-            return STOP_KEY_UNAVAILABLE
-        if self.options.deadline is not None and time.monotonic() >= self.options.deadline:
-            return STOP_DEADLINE
-        return None
+        return stop_reason(self.options, self._stop_target)
 
     def _prepare_session(self, conn: psycopg.Connection[Any]) -> None:
-        # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
-        # the batch against a sequential scan of the whole table.
-        conn.execute("SET enable_hashjoin = off")
-        conn.execute("SET enable_mergejoin = off")
-        if self.options.dry_run:
-            conn.execute("SET default_transaction_read_only = on")
-        else:
-            # A commit lost in a crash only leaves its rows on the old key, which is still in the
-            # keyring: the next run takes them again. So the job need not wait for each WAL flush.
-            conn.execute("SET synchronous_commit = off")
+        prepare_session(conn, self.options.dry_run, relaxed_commit=True)
 
     def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan) -> None:
         """UPDATE and COMMIT one planned batch (runs on the writer thread); ROLLBACK on any error."""
@@ -472,6 +457,31 @@ class AesGcmDrain:
                   backlog_remaining=result.backlog_remaining, stopped=result.stopped,
                   duration_ms=round(result.duration_ms, 1), dry_run=opts.dry_run or None)
         return result
+
+
+def stop_reason(options: DrainOptions, target_stopped: threading.Event | None = None) -> str | None:
+    """Why a drain must stop before its next batch, or None: checked between batches only."""
+    if options.stop.is_set():
+        return STOP_CANCELLED
+    if target_stopped is not None and target_stopped.is_set():
+        return STOP_KEY_UNAVAILABLE
+    if options.deadline is not None and time.monotonic() >= options.deadline:
+        return STOP_DEADLINE
+    return None
+
+
+def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, *, relaxed_commit: bool) -> None:
+    """Session settings of a drain connection (reset when it goes back to the pool)."""
+    # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
+    # the batch against a sequential scan of the whole table.
+    conn.execute("SET enable_hashjoin = off")
+    conn.execute("SET enable_mergejoin = off")
+    if dry_run:
+        conn.execute("SET default_transaction_read_only = on")
+    elif relaxed_commit:
+        # A commit lost in a crash only leaves its rows on the old key, which is still in the
+        # keyring: the next run takes them again. So the job need not wait for each WAL flush.
+        conn.execute("SET synchronous_commit = off")
 
 
 def _first_reason(reasons: Sequence[str | None]) -> str | None:

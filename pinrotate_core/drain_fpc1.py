@@ -34,11 +34,12 @@ from .db import describe_db_error, raw_connection
 from .drain import (
     STOP_CANCELLED,
     STOP_DB_ERROR,
-    STOP_DEADLINE,
     STOP_KEY_UNAVAILABLE,
     BatchEvent,
     DrainOptions,
     DrainResult,
+    prepare_session,
+    stop_reason,
 )
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, VerificationFailed
 from .formats.fpc1 import ALGORITHMS, Algorithm, Fpc1CipherSet, parse_fpc1, replace_json_values
@@ -308,18 +309,10 @@ class Fpc1Drain:
     # -- the pass ----------------------------------------------------------------------------
 
     def _should_stop(self) -> str | None:
-        if self.options.stop.is_set():
-            return STOP_CANCELLED
-        if self.options.deadline is not None and time.monotonic() >= self.options.deadline:
-            return STOP_DEADLINE
-        return None
+        return stop_reason(self.options)
 
     def _prepare_session(self, conn: psycopg.Connection[Any]) -> None:
-        # Keep each CAS on the primary key rather than a hash join against the whole table.
-        conn.execute("SET enable_hashjoin = off")
-        conn.execute("SET enable_mergejoin = off")
-        if self.options.dry_run:
-            conn.execute("SET default_transaction_read_only = on")
+        prepare_session(conn, self.options.dry_run, relaxed_commit=False)
 
     def _write(self, conn: psycopg.Connection[Any], plan: Fpc1BatchPlan, result: Fpc1DrainResult) -> _BatchOutcome:
         """One transaction: one CAS UPDATE per changed column; counts what matched and what did not."""

@@ -187,7 +187,7 @@ class TransitDrain(AesGcmDrain):
         t = self.target.settings
         if t.key_version:
             kv: sql.Composable = sql.Identifier(t.key_version)
-            conds = [sql.SQL("{} < %s").format(kv)]
+            conds: list[sql.Composable] = [sql.SQL("{} < %s").format(kv)]
         else:
             # No key-version column: the shared SELECT reads NULL in its place.
             kv = sql.SQL("NULL::int8")

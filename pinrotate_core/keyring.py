@@ -6,6 +6,8 @@ end up in a Prefect result, a log record or an exception by accident.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ class Key:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("Key objects cannot be pickled: key material never leaves the process")
 
     def __eq__(self, other: object) -> bool:

@@ -34,10 +34,8 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
 
 
 class _UtcFormatter(logging.Formatter):
-    converter = time.gmtime
-
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
 def configure_stderr_logging(level: int = logging.INFO) -> None:

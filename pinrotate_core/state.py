@@ -8,11 +8,8 @@ atomically. It holds counts, target names and tenants only: never a value, key o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from ._files import exclusive_lock, write_atomically
 from .config import pinrotate_home
 from .errors import PinrotateError
 
@@ -53,16 +51,10 @@ def state_path(identity: str, home: Path | None = None) -> Path:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        with exclusive_lock(path):
+            yield
     except OSError as e:
-        raise StateError(f"cannot open the state folder {path.parent} ({e.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        raise StateError(f"cannot lock the state file in {path.parent} ({e.strerror})") from None
 
 
 def _read(path: Path) -> dict[str, dict[str, int]]:
@@ -90,18 +82,9 @@ def _write(path: Path, state: Mapping[str, Mapping[str, int]], meta: Mapping[str
     doc = {"version": STATE_VERSION,
            "targets": {name: {"conflicts": dict(sorted(tenants.items())), **meta.get(name, {})}
                        for name, tenants in sorted(state.items()) if tenants}}
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=path.parent)
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise StateError(f"cannot write the state file {path} ({e.strerror})") from None
 
 

@@ -68,7 +68,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         if in_recovery or read_only == "on":
             raise TargetBlocked(t.name, "the database connection is read-only")
         cols = {
-            name: Column(name, sql_type, type_name, char_len)
+            str(name): Column(str(name), str(sql_type), str(type_name), char_len if isinstance(char_len, int) else None)
             for name, sql_type, type_name, char_len in conn.execute(
                 """
                 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
@@ -94,7 +94,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
 
-    pk = list(pk_row[0]) if pk_row and pk_row[0] else []
+    pk = [str(c) for c in pk_row[0]] if pk_row and isinstance(pk_row[0], list) else []
     if len(pk) != 1:
         raise TargetBlocked(t.name, f"table {t.table} has no single-column primary key")
     if pk[0] != t.id:
@@ -118,8 +118,8 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     for c in cipher_cols:
         if c.type_name not in CIPHER_TYPES and c.type_name not in ("json", "jsonb"):
             raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; expected bytea, text or varchar")
-    for c in t.require_not_null:
-        need(c, "require_not_null")
+    for name in t.require_not_null:
+        need(name, "require_not_null")
     if t.tenant:
         need(t.tenant, "tenant")
     if t.soft_delete:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install the operations tools the metrics and alert tests run against, when they are missing:
-# Debian's prometheus-pushgateway (/usr/bin/prometheus-pushgateway) and prometheus (/usr/bin/promtool).
-# Idempotent and quiet: does nothing when both binaries are already on PATH. Needs root (or sudo)
+# Debian's prometheus-pushgateway (/usr/bin/prometheus-pushgateway) and prometheus (/usr/bin/promtool),
+# and chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page.
+# Idempotent and quiet: does nothing when all three binaries are already on PATH. Needs root (or sudo)
 # on Debian/Ubuntu; never starts a service (the tests start their own Pushgateway on loopback).
 set -euo pipefail
 
 missing=()
 command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi
@@ -53,7 +55,7 @@ if ! { "${as_root[@]}" apt-get update -qq && \
 fi
 rm -f "$apt_log"
 
-for tool in prometheus-pushgateway promtool; do
+for tool in prometheus-pushgateway promtool chromium; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "ensure-ops-tools: $tool still missing after apt-get install" >&2
         exit 1

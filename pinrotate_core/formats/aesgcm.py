@@ -14,6 +14,8 @@ from .._primitives import AesGcm, random_nonces
 from ..errors import CiphertextInvalid
 from ..keyring import Keyring
 
+__all__ = ["AesGcmCipherSet", "ColumnEncoding", "random_nonces"]
+
 
 class ColumnEncoding(enum.Enum):
     BYTEA = "bytea"

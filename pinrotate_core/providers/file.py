@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
-import os
 import secrets
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+from .._files import exclusive_lock, write_atomically
 from ..errors import ConfigError
 from ..keyring import Key, Keyring, is_version, next_version, sort_key, validate_key_id
 from ._material import decode_key, normalise_current
@@ -103,24 +101,14 @@ class FileKeyProvider:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        folder = self.path.parent
         try:
-            if not folder.exists():
-                # exist_ok: several processes may create the folder at once on first use.
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            lock_path = self.path.with_name(self.path.name + ".lock")
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            with exclusive_lock(self.path):
+                yield
         except OSError as e:
-            raise ConfigError(f"keys.file: cannot open the keyring folder {folder} ({e.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            raise ConfigError(f"keys.file: cannot lock the keyring in {self.path.parent} ({e.strerror})") from None
 
     def _write(self, ring: Keyring) -> None:
-        """Write atomically: a temporary file in the same folder, fsync, then rename over."""
+        """Write atomically: readers see the old keyring or the new one, never a torn file."""
         lines = [_HEADER]
         lines.append(f"current = {_toml_scalar(ring.current)}\n")
         if ring.legacy is not None:
@@ -128,18 +116,9 @@ class FileKeyProvider:
         lines.append("\n[keys]\n")
         for key_id in sorted(ring.keys, key=sort_key):
             lines.append(f'{key_id} = "{_b64(ring.keys[key_id])}"\n')
-        text = "".join(lines)
-        fd, tmp = tempfile.mkstemp(prefix=".keys-", dir=self.path.parent)
         try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+            write_atomically(self.path, "".join(lines))
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise ConfigError(f"keys.file: cannot write {self.path} ({e.strerror})") from None
 
 
