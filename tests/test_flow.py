@@ -16,7 +16,6 @@ import pytest
 
 from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from tests.pinprofile import REPO, PinProfile, cli, seed_profile
-from tests.prefect_fixtures import prefect_api  # noqa: F401 - fixture
 
 CONTRACT_TARGET_KEYS = {"reencrypted", "failed", "conflicts", "backlog_remaining", "batches", "duration_ms"}
 

@@ -11,7 +11,6 @@ import psycopg
 from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.rotation import LOCK_NAME
 from tests.pinprofile import cli, seed_profile, write_config
-from tests.prefect_fixtures import prefect_api  # noqa: F401 - fixture
 
 
 def test_a_second_run_exits_0_at_once_while_another_holds_the_single_instance_lock(

@@ -37,7 +37,7 @@ from pinrotate_core.providers.vault import (
     build_vault_provider,
 )
 
-from .vault_server import BaoAdmin, BaoDevServer, free_loopback_port, openbao, openbao_factory, openbao_tls  # noqa: F401, F811  (fixtures)
+from .vault_server import BaoAdmin, BaoDevServer, free_loopback_port
 
 pytestmark = pytest.mark.vault
 bao = BaoAdmin.of
