@@ -195,8 +195,10 @@ def _report(run: _Run) -> rotation.RunReport:
 
 
 def finish(run_id: str, verify_task: Any, gate_task: Any) -> Any:
-    """Verify, gate, metrics, artifacts; a stopped run ends Cancelled with its report attached."""
-    from prefect.states import Cancelled
+    """Verify, gate, metrics, artifacts. The flow run ends Completed, Cancelled (stopped between
+    batches) or Failed (stopped fail-closed, exit code 4), with the report attached either way, so
+    that the Prefect UI shows a fail-closed run as failed."""
+    from prefect.states import Cancelled, Failed
 
     run = _run(run_id)
     ctx = run.ctx
@@ -212,7 +214,25 @@ def finish(run_id: str, verify_task: Any, gate_task: Any) -> Any:
     _conclude(ctx, report)
     if report.cancelled:
         return Cancelled(message="stopped between batches; committed batches stay", data=report.as_dict())
+    if report.exit_code != rotation.EXIT_OK:
+        return Failed(message=f"stopped fail-closed: {fail_closed_summary(report)}", data=report.as_dict())
     return report.as_dict()
+
+
+def fail_closed_summary(report: rotation.RunReport) -> str:
+    """Which targets failed closed and why, by name and count only."""
+    parts = []
+    for name, r in report.targets.items():
+        if r.stopped in ("key_unavailable", "db_error"):
+            parts.append(f"{name} stopped ({r.stopped})")
+        if r.failed:
+            parts.append(f"{name}: {len(r.failed)} rows left unchanged")
+        if r.conflicts:
+            parts.append(f"{name}: {r.conflicts} conflicts")
+    unverified = [n for n, v in report.verified.items() if not v.get("ok", True)]
+    if unverified:
+        parts.append(f"verification failed for {', '.join(unverified)}")
+    return "; ".join(parts) or f"exit code {report.exit_code}"
 
 
 def finish_after_stop(run_id: str) -> None:

@@ -72,6 +72,8 @@ def test_no_plaintext_key_or_ciphertext_appears_in_output_logs_artifacts_or_repo
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[doc["run_id"]])))
         artifacts = client.read_artifacts(flow_run_filter=run_filter)
         flow_run = client.read_flow_run(doc["run_id"])
+    assert flow_run.state is not None and flow_run.state.is_failed()  # fail-closed shows as Failed in the UI
+    assert "Person: 1 rows left unchanged" in (flow_run.state.message or "")
     assert logs, "the run logged nothing to Prefect"
     assert any("batch_processed" in log.message for log in logs), "pinrotate's own log lines reach the run logs"
     everything = "\n".join([
