@@ -127,22 +127,16 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
 SLOW_JOB = {"batch_size": 10, "inter_batch_delay": 0.3}
 
 
-def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_api: str, primary_database_url: str,
-                                                                       tmp_path: Path) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelling
+def _interrupt_a_run(profile: PinProfile, prefect_api: str, interrupt: Any) -> tuple[int, dict[str, Any], str, int]:
+    """Start a slow run, ``interrupt(proc)`` once a batch is committed; (exit code, report, stderr, rows moved).
 
-    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
+    Whatever stops it, the contract is the same: exit 143, every row whole on one key, and what was
+    committed stays.
+    """
     proc = _start_run(profile, prefect_api)
     try:
         _wait_for_progress(profile, proc)
-        with get_client(sync_client=True) as client:
-            running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
-            assert len(running) == 1
-            client.set_flow_run_state(running[0].id, Cancelling(), force=True)
+        interrupt(proc)
         code, doc, err = _finish(proc)
     finally:
         if proc.poll() is None:
@@ -152,6 +146,25 @@ def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_a
     moved = doc["targets"]["Person"]["reencrypted"]
     assert 0 < moved < 200
     assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
+    return code, doc, err, moved
+
+
+def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_api: str, primary_database_url: str,
+                                                                       tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelling
+
+    def cancel_in_the_api(proc: subprocess.Popen[str]) -> None:
+        with get_client(sync_client=True) as client:
+            running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+            assert len(running) == 1
+            client.set_flow_run_state(running[0].id, Cancelling(), force=True)
+
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
+    _, doc, _, moved = _interrupt_a_run(profile, prefect_api, cancel_in_the_api)
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(doc["run_id"]).state
         assert state is not None and state.is_cancelled()
@@ -166,16 +179,4 @@ def test_cancelling_the_flow_run_through_the_api_stops_between_batches(prefect_a
 def test_sigterm_stops_every_drain_between_batches_with_exit_143(prefect_api: str, primary_database_url: str,
                                                                  tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
-    proc = _start_run(profile, prefect_api)
-    try:
-        _wait_for_progress(profile, proc)
-        proc.send_signal(signal.SIGTERM)
-        code, doc, err = _finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert code == 143, err
-    assert doc["stopped"] == "cancelled"
-    moved = doc["targets"]["Person"]["reencrypted"]
-    assert 0 < moved < 200
-    assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
+    _interrupt_a_run(profile, prefect_api, lambda proc: proc.send_signal(signal.SIGTERM))

@@ -31,19 +31,13 @@ def _kv_config(tmp_path: Path, url: str, path: str) -> Path:
 
 
 @pytest.fixture
-def vault_env(openbao_factory: Any) -> Iterator[tuple[Any, dict[str, str]]]:
+def vault_env(openbao_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, dict[str, str]]]:
     """A private server whose address and token reach the flow through the environment, as in production."""
     server = openbao_factory()
-    saved = {k: os.environ.get(k) for k in ("VAULT_ADDR", "VAULT_TOKEN")}
-    os.environ.update(VAULT_ADDR=server.addr, VAULT_TOKEN=server.token)
-    try:
-        yield server, {"VAULT_ADDR": server.addr, "VAULT_TOKEN": server.token}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    env = {"VAULT_ADDR": server.addr, "VAULT_TOKEN": server.token}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    yield server, env
 
 
 def _seed(url: str, server: Any, path: str) -> dict[str, str]:
@@ -118,7 +112,7 @@ def test_a_revoked_token_is_not_retried_and_the_run_fails_closed(
     admin = BaoAdmin.of(server)
     token = admin.create_token(["default"])
     admin.revoke_token(token)
-    os.environ["VAULT_TOKEN"] = token  # restored by the fixture
+    os.environ["VAULT_TOKEN"] = token  # monkeypatch restores it
     state, report = run_flow(config_path=str(cfg))
     assert report is None and state is not None and state.is_failed()
     flow_run_id = str(state.state_details.flow_run_id)
