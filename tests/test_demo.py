@@ -1,0 +1,40 @@
+"""`python -m flows.rotate demo`: the whole rotation from nothing, as the README's first command runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.pinprofile import cli
+
+
+def _check(doc: dict[str, Any], rows: int) -> None:
+    assert doc["exit_code"] == 0 and doc["current_key"] == "2"
+    demo = doc["demo"]
+    assert demo["rows_seeded"] == rows
+    after = demo["inventory_after"]["targets"]
+    assert all(t["HISTORICAL"] == 0 and t["FAILED"] == 0 for t in after.values())
+    assert sum(t["ACTIVE"] for t in after.values()) + after["VerificationRequest"]["EXCLUDED"] == rows
+    assert demo["gate_key_1"]["open"] is True
+
+
+def test_demo_rotates_sample_rows_to_key_2_and_opens_the_gate_for_key_1(prefect_api: str) -> None:
+    code, doc, err = cli("demo", "--rows", "400", "--json", env={"PREFECT_API_URL": prefect_api})
+    assert code == 0, err
+    _check(doc, 400)
+    assert "demo: seeded 400 rows under key 1" in err
+
+
+@pytest.mark.vault
+def test_demo_with_keys_in_vault_kv(prefect_api: str, openbao: Any) -> None:
+    env = {"PREFECT_API_URL": prefect_api, "VAULT_ADDR": openbao.addr, "VAULT_TOKEN": openbao.token}
+    code, doc, err = cli("demo", "--rows", "200", "--keys", "vault", "--json", env=env)
+    assert code == 0, err
+    _check(doc, 200)
+    assert "keys in Vault" in err and openbao.token not in err and openbao.token not in repr(doc)
+
+
+def test_demo_refuses_a_nonsense_row_count() -> None:
+    code, _, err = cli("demo", "--rows", "2")
+    assert code == 2 and "--rows" in err
