@@ -316,8 +316,8 @@ class AesGcmDrain:
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
                     started = time.perf_counter()
-                    rows = next_fetch.result()
-                    next_fetch = None
+                    fetching, next_fetch = next_fetch, None
+                    rows = fetching.result()  # a failed fetch has rolled its own transaction back
                     open_tx = conn
                     if not rows:
                         break
@@ -358,7 +358,7 @@ class AesGcmDrain:
                 if open_tx is not None:
                     with contextlib.suppress(psycopg.Error):
                         open_tx.execute("ROLLBACK")
-                if next_fetch is not None:
+                if next_fetch is not None:  # a lock-ahead of the next batch was in flight: release it
                     with contextlib.suppress(BaseException):
                         next_fetch.result()
                         conns[(k + 1) % len(conns)].execute("ROLLBACK")
