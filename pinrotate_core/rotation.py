@@ -139,15 +139,21 @@ def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: b
              engine: sa.Engine | None = None) -> RunContext:
     """Validate everything that can be validated before touching the database."""
     targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
-    if tenant is not None and not all(t.tenant for t in targets):
-        missing = ", ".join(t.name for t in targets if not t.tenant)
-        raise ConfigError(f"--tenant: targets without a tenant column cannot be scoped: {missing}")
+    check_tenant_scope(targets, tenant)
     provider = build_provider(settings)
     if engine is None:
         workers = settings.job.max_degree_of_parallelism
         engine = make_engine(database_url(settings), pool_size=3 * workers + 2)
     return RunContext(settings=settings, engine=engine, provider=provider, targets=targets,
                       run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
+
+
+def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) -> None:
+    """``--tenant`` must scope every target it is applied to: silently ignoring it would count or
+    migrate other tenants' rows."""
+    if tenant is not None and not all(t.tenant for t in targets):
+        missing = ", ".join(t.name for t in targets if not t.tenant)
+        raise ConfigError(f"--tenant: targets without a tenant column cannot be scoped: {missing}")
 
 
 def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
@@ -322,6 +328,7 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
 
 
 def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
+    check_tenant_scope(settings.targets, tenant)
     provider = build_provider(settings)
     keyring = provider.load_keyring()
     engine = make_engine(database_url(settings), pool_size=2)

@@ -133,3 +133,10 @@ def test_write_config_helper_round_trips(tmp_path: Path) -> None:
     settings = load_settings(cfg)
     assert settings.job.batch_size == 7 and [t.name for t in settings.targets][0] == "Person"
     assert json.dumps(settings.model_dump(), default=str)
+
+
+def test_tenant_scope_on_targets_without_a_tenant_column_exits_2(primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=4)
+    for args in (["inventory", "--tenant", "t1"], ["gate", "--retire", "1", "--tenant", "t1"]):
+        code, _, err = cli(*args, "--config", str(profile.config_path))
+        assert code == 2 and "--tenant" in err and "Person" in err
