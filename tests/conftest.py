@@ -107,6 +107,15 @@ class PgServer:
         self._created.append(dbname)
         return database_url_for(self.admin_url, dbname)
 
+    @contextlib.contextmanager
+    def fresh_database(self) -> Iterator[str]:
+        """A fresh empty database for the duration of the block, dropped (WITH (FORCE)) afterwards."""
+        url = self.create_database()
+        try:
+            yield url
+        finally:
+            self.drop_database(url)
+
     def drop_database(self, url: str) -> None:
         dbname = urlsplit(url).path.lstrip("/")
         force = sql.SQL(" WITH (FORCE)") if self.server_version >= 130000 else sql.SQL("")
@@ -208,11 +217,8 @@ def pg_server(request: pytest.FixtureRequest, _pg_registry: _PgRegistry) -> PgSe
 @pytest.fixture
 def database_url(pg_server: PgServer) -> Iterator[str]:
     """A fresh empty database on the server under test, dropped (WITH (FORCE)) afterwards."""
-    url = pg_server.create_database()
-    try:
+    with pg_server.fresh_database() as url:
         yield url
-    finally:
-        pg_server.drop_database(url)
 
 
 @pytest.fixture
@@ -229,12 +235,8 @@ def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]
 def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
     """A fresh database on the primary server only: for the command-line and Prefect tests, whose
     subject is the orchestration, not the SQL (the drain's SQL runs on every server elsewhere)."""
-    server = _pg_registry.get(PG_SERVER_IDS[0])
-    url = server.create_database()
-    try:
+    with _pg_registry.get(PG_SERVER_IDS[0]).fresh_database() as url:
         yield url
-    finally:
-        server.drop_database(url)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -252,9 +252,7 @@ def seeded(_pg_registry: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     One server is enough: this module proves the deployment, not the drain (tested on every
     server elsewhere), and a second pass would double its longest test.
     """
-    server = _pg_registry.get(PG_SERVER_IDS[0])
-    url = server.create_database()
-    try:
+    with _pg_registry.get(PG_SERVER_IDS[0]).fresh_database() as url:
         profile = seed_profile(url, tmp_path_factory.mktemp("pin"), rows=ROWS, batch_size=50,
                                inter_batch_delay=0)
         raw = tomllib.loads(profile.config_path.read_text(encoding="utf-8"))
@@ -262,8 +260,6 @@ def seeded(_pg_registry: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         s = SeededProfile(profile, targets, {}, _leak_markers(profile))
         s.backlog = s.rows_on_key(1)
         yield s
-    finally:
-        server.drop_database(url)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,11 +54,8 @@ def decrypt_table(conn: Conn, keyring: Keyring, table: str) -> dict[Any, tuple[i
 @pytest.fixture(scope="module")
 def module_database_url(pg_server: "PgServer") -> Iterator[str]:
     # One database per server for this module: CREATE DATABASE costs far more than DROP SCHEMA.
-    url = pg_server.create_database()
-    try:
+    with pg_server.fresh_database() as url:
         yield url
-    finally:
-        pg_server.drop_database(url)
 
 
 @pytest.fixture
