@@ -8,6 +8,7 @@ destroying KEY crypto-erases them.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,17 @@ class GateReport:
     current_key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
         return {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
-                "current_key": self.current_key}
+                "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+
+
+def application_version() -> str:
+    """pinrotate's own version, kept with every gate report (the evidence names what produced it)."""
+    try:
+        return f"pinrotate {importlib.metadata.version('pinrotate')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "pinrotate (not installed)"
 
 
 def on_key_category(key: str, current: str) -> str:
@@ -71,7 +81,7 @@ def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] |
                                  "excluded_on_key": excluded}
         if inv.blocked_reason:
             entry["blocked_reason"] = inv.blocked_reason
-        entry.update({k: v for k, v in inv.extra.items() if k.startswith("transit_")})
+        entry.update({k: v for k, v in inv.extra.items() if k.startswith("transit_") or k == "tenants"})
         per_target[name] = entry
     is_open = bool(inventory.targets) and not any(totals.values())
     return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key)

@@ -178,9 +178,21 @@ def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, d
                     result.targets[t.name] = inventory_fpc1(conn, resolved, keyring, deep, tenant, keys=settings.keys)
                 else:
                     result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant)
+                if t.tenant:
+                    result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, resolved, tenant)
             except psycopg.Error as e:
                 raise DatabaseError(f"inventory of target {t.name} failed ({describe_db_error(e)})") from None
     return result
+
+
+def tenants_in_scope(conn: psycopg.Connection[Any], target: ResolvedTarget, tenant: str | None) -> list[str]:
+    """The tenants a target's counts cover (identifiers, for the gate report's tenant list)."""
+    if tenant is not None:
+        return [tenant]
+    column = sql.Identifier(target.settings.tenant or "")
+    query = sql.SQL("SELECT DISTINCT {col}::text FROM {rel} WHERE {col} IS NOT NULL ORDER BY 1").format(
+        col=column, rel=target.relation)
+    return [str(row[0]) for row in conn.execute(query).fetchall()]
 
 
 from . import inventory_fpc1  # noqa: E402,F401  (registers the fpc1 inventory)

@@ -620,6 +620,10 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     for key in ("k1", "legacy"):
         gate = rotation.retire_gate(settings, key)
         assert gate.open and not any(gate.blocking.values())
+    # The report is evidence for the change ticket: tenants covered and what produced it, no value.
+    report = gate.as_dict()
+    assert report["tenants"] and all(isinstance(t, str) for t in report["tenants"])
+    assert report["application_version"].startswith("pinrotate ")
     assert forge.password(5) is not None
 
 
