@@ -28,13 +28,13 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pinrotate_core import presets  # noqa: E402
-from pinrotate_core.config import settings_from_mapping  # noqa: E402
-from pinrotate_core.db import make_engine, raw_connection  # noqa: E402
-from pinrotate_core.drain import DrainOptions, drain_target  # noqa: E402
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet  # noqa: E402
-from pinrotate_core.providers.file import FileKeyProvider  # noqa: E402
-from pinrotate_core.targets import resolve_target  # noqa: E402
+from pinrotate_core import presets
+from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.db import make_engine, raw_connection
+from pinrotate_core.drain import DrainOptions, drain_target
+from pinrotate_core.formats.aesgcm import AesGcmCipherSet
+from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.targets import resolve_target
 
 PERSON = {"name": "Person", "table": "profile.persons", "key_version": "key_version",
           "columns": ["first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher"]}
@@ -60,7 +60,7 @@ class RssSampler:
         while not self._stop.wait(0.02):
             self.peak_kb = max(self.peak_kb, self.rss_kb())
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self.peak_kb = self.rss_kb()
         self._thread.start()
         return self
@@ -70,7 +70,7 @@ class RssSampler:
         self._thread.join()
 
 
-def _parallel_run(url: str, keys_path: str, batch_size: int, out: "multiprocessing.Queue[int]") -> None:
+def _parallel_run(url: str, keys_path: str, batch_size: int, out: multiprocessing.Queue[int]) -> None:
     """One of several independent runs on the same target, as parallel deployments would be."""
     ring = FileKeyProvider(keys_path).load_keyring()
     settings = settings_from_mapping({"database": {"url": url}, "targets": [PERSON]})
@@ -84,7 +84,7 @@ def _parallel_run(url: str, keys_path: str, batch_size: int, out: "multiprocessi
 def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> tuple[int, float]:
     """``processes`` runs at once (separate processes, SKIP LOCKED keeps them apart); (rows, seconds)."""
     ctx = multiprocessing.get_context("spawn")
-    out: "multiprocessing.Queue[int]" = ctx.Queue()
+    out: multiprocessing.Queue[int] = ctx.Queue()
     procs = [ctx.Process(target=_parallel_run, args=(url, keys_path, batch_size, out)) for _ in range(processes)]
     started = time.perf_counter()
     for p in procs:

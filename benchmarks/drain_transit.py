@@ -27,12 +27,12 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pinrotate_core.config import VaultSettings, settings_from_mapping  # noqa: E402
-from pinrotate_core.db import make_engine, raw_connection  # noqa: E402
-from pinrotate_core.drain import DrainOptions, drain_target  # noqa: E402
-from pinrotate_core.providers.vault import DEFAULT_TRANSIT_ITEMS_PER_REQUEST, VaultTransitKeyProvider  # noqa: E402
-from pinrotate_core.targets import resolve_target  # noqa: E402
-from tests.vault_server import BaoAdmin, BaoDevServer  # noqa: E402  (the tests' private dev server)
+from pinrotate_core.config import VaultSettings, settings_from_mapping
+from pinrotate_core.db import make_engine, raw_connection
+from pinrotate_core.drain import DrainOptions, drain_target
+from pinrotate_core.providers.vault import DEFAULT_TRANSIT_ITEMS_PER_REQUEST, VaultTransitKeyProvider
+from pinrotate_core.targets import resolve_target
+from tests.vault_server import BaoAdmin, BaoDevServer
 
 COLUMNS = ("first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher")
 MOUNT, KEY = "transit", "pii"

@@ -189,11 +189,10 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
-    from flows.rotate import run_flow  # first: it sets Prefect's environment defaults before Prefect loads
-
     from prefect.exceptions import TerminationSignal
 
     from flows import runtime
+    from flows.rotate import run_flow  # first: it sets Prefect's environment defaults before Prefect loads
 
     install_stop_handlers()
     state = None

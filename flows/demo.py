@@ -156,7 +156,7 @@ def _wait_for_vault(addr: str, proc: subprocess.Popen[bytes], timeout: float = 3
         if proc.poll() is not None:
             raise ConfigError("demo --keys vault: the local bao dev server exited at start")
         try:
-            with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:

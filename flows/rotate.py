@@ -13,7 +13,7 @@ if __name__ == "__main__":
 
     raise SystemExit(main())
 
-import os  # noqa: E402
+import os
 
 # Before Prefect reads its settings: capture the core's log lines in the run logs, give the
 # temporary local API (no PREFECT_API_URL) time to start on a busy 2-core machine, and send no
@@ -22,32 +22,29 @@ os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pinrotate")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-import threading  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any
 
-from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.artifacts import (  # noqa: E402
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.client.schemas.objects import TaskRun  # noqa: E402
-from prefect.context import get_run_context  # noqa: E402
-from prefect.exceptions import TerminationSignal  # noqa: E402
-from prefect.futures import PrefectFuture  # noqa: E402
-from prefect.states import Cancelled, State  # noqa: E402
-from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
-from prefect.tasks import Task, exponential_backoff  # noqa: E402
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import TaskRun
+from prefect.context import get_run_context
+from prefect.exceptions import TerminationSignal
+from prefect.futures import PrefectFuture
+from prefect.states import State
+from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.tasks import Task, exponential_backoff
 
-from flows import runtime  # noqa: E402
-from pinrotate_core import rotation  # noqa: E402
-from pinrotate_core.config import load_settings  # noqa: E402
-
-from pinrotate_core.errors import DatabaseError, KeyUnavailable  # noqa: E402
-from pinrotate_core.log import configure_stderr_logging, log_event  # noqa: E402
+from flows import runtime
+from pinrotate_core import rotation
+from pinrotate_core.config import load_settings
+from pinrotate_core.errors import DatabaseError, KeyUnavailable
+from pinrotate_core.log import configure_stderr_logging, log_event
 
 FLOW_NAME = "pinrotate-rotate"
 MAX_TASK_THREADS = 8

@@ -54,7 +54,7 @@ class VaultSettings(_Strict):
     timeout: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
-    def _auth_complete(self) -> "VaultSettings":
+    def _auth_complete(self) -> VaultSettings:
         if self.auth == "approle" and not self.role_id:
             raise ValueError("auth = \"approle\" needs role_id")
         if self.auth == "kubernetes" and not self.role:
@@ -72,7 +72,7 @@ class KeysSettings(_Strict):
     vault: VaultSettings = VaultSettings()
 
     @model_validator(mode="after")
-    def _provider_complete(self) -> "KeysSettings":
+    def _provider_complete(self) -> KeysSettings:
         if self.provider == "k8s-dir" and not self.dir:
             raise ValueError("provider \"k8s-dir\" needs keys.dir")
         if self.provider == "vault-kv" and not self.vault.path:
@@ -130,7 +130,7 @@ class TargetSettings(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TargetSettings":
+    def _consistent(self) -> TargetSettings:
         if self.format == "aesgcm" and not self.key_version:
             raise ValueError("an aesgcm target needs key_version (the integer key-version column)")
         if len(set(self.columns)) != len(self.columns):
@@ -159,7 +159,7 @@ class Settings(_Strict):
     targets: tuple[TargetSettings, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_targets(self) -> "Settings":
+    def _unique_targets(self) -> Settings:
         names = [t.name for t in self.targets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -53,7 +53,7 @@ class DrainOptions:
     deadline: float | None = None  # time.monotonic() value; the rest is left for the next run
     dry_run: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
-    on_batch: Callable[["BatchEvent"], None] | None = None
+    on_batch: Callable[[BatchEvent], None] | None = None
     run_id: str = ""
     tenant: str | None = None  # fpc1 targets with a tenant column: only this tenant's rows
 
@@ -368,7 +368,7 @@ class AesGcmDrain:
                 raise
         return reason
 
-    def _settle(self, pending: "_Pending") -> None:
+    def _settle(self, pending: _Pending) -> None:
         pending.future.result()  # re-raises the writer's error after its ROLLBACK
         self._record(pending.worker, pending.batch_no, pending.rows, pending.plan, pending.started)
 
@@ -491,7 +491,7 @@ def _first_reason(reasons: Sequence[str | None]) -> str | None:
 
 
 def drain_target(engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions,
-                 keys: KeysSettings | None = None, provider: "KeyProvider | None" = None) -> DrainResult:
+                 keys: KeysSettings | None = None, provider: KeyProvider | None = None) -> DrainResult:
     """Drain one target with the strategy its format needs (``keys``: the legacy switches of fpc1)."""
     fmt = target.settings.format
     if fmt == "aesgcm":

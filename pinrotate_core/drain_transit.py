@@ -173,7 +173,7 @@ class TransitDrain(AesGcmDrain):
     """
 
     def __init__(self, engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions,
-                 provider: "KeyProvider | TransitRewrap | None") -> None:
+                 provider: KeyProvider | TransitRewrap | None) -> None:
         if not isinstance(provider, TransitRewrap):
             raise ConfigError(f"target {target.name}: format vault-transit needs keys.provider = vault-transit")
         odd = [c.name for c in target.columns if c.type_name not in TRANSIT_COLUMN_TYPES]

@@ -195,5 +195,7 @@ def tenants_in_scope(conn: psycopg.Connection[Any], target: ResolvedTarget, tena
     return [str(row[0]) for row in conn.execute(query).fetchall()]
 
 
-from . import inventory_fpc1  # noqa: E402,F401  (registers the fpc1 inventory)
-from . import inventory_transit  # noqa: E402,F401  (registers the vault-transit inventory)
+from . import (
+    inventory_fpc1,  # noqa: F401  (registers the fpc1 inventory)
+    inventory_transit,  # noqa: F401  (registers the vault-transit inventory)
+)

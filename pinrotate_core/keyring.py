@@ -6,11 +6,10 @@ end up in a Prefect result, a log record or an exception by accident.
 
 from __future__ import annotations
 
-from typing import NoReturn
-
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from .errors import ConfigError, KeyUnavailable
 
@@ -21,7 +20,7 @@ VALID_KEY_LENGTHS = (16, 24, 32)
 class Key:
     """A key id and its secret material."""
 
-    __slots__ = ("key_id", "_material")
+    __slots__ = ("_material", "key_id")
 
     def __init__(self, key_id: str, material: bytes) -> None:
         if len(material) not in VALID_KEY_LENGTHS:

@@ -71,7 +71,7 @@ class RotationMetrics:
         self.registry.register(_Collector(self))
 
     @classmethod
-    def from_settings(cls, settings: MetricsSettings) -> "RotationMetrics":
+    def from_settings(cls, settings: MetricsSettings) -> RotationMetrics:
         return cls(prefix=settings.prefix)
 
     def set_progress(self, target: str, rows_left: int) -> None:
@@ -157,7 +157,7 @@ class RotationMetrics:
         log_event("metrics_pushed", pushgateway=shown, job=job)
         return f"pushed to {shown} (job {job})"
 
-    def _carried_from_gateway(self, endpoint: "_PushEndpoint", job: str) -> float | None:
+    def _carried_from_gateway(self, endpoint: _PushEndpoint, job: str) -> float | None:
         try:
             return endpoint.last_success(job, self.prefix)
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -207,7 +207,7 @@ class _PushEndpoint:
         self._password = password
 
     @classmethod
-    def parse(cls, gateway: str) -> "_PushEndpoint":
+    def parse(cls, gateway: str) -> _PushEndpoint:
         parts = urlsplit(gateway if "://" in gateway else f"http://{gateway}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("pushgateway must be an http(s) URL with a host")

@@ -48,7 +48,7 @@ CIPHER_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 _NONCE_LEN = 12
-_EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 _BIRTH_ORDINAL = dt.date(1940, 1, 1).toordinal()
 
 Plaintexts = dict[str, bytes | None]
@@ -249,7 +249,7 @@ _pack_h = struct.Struct(">h").pack
 _LEN4 = _pack_i(4)
 _LEN8 = _pack_i(8)
 _LEN16 = _pack_i(16)
-_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _PG_EPOCH_DATE = dt.date(2000, 1, 1)
 # Audit timestamps: _EPOCH + n minutes, in PostgreSQL's microseconds since 2000-01-01.
 _AUDIT_BASE_US = int((_EPOCH - _PG_EPOCH).total_seconds()) * 1_000_000

@@ -338,7 +338,7 @@ def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = No
         engine.dispose()
 
 
-def record_metrics(report: RunReport, metrics: "RotationMetrics") -> None:
+def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
     """Fold a finished run into the metrics of contract §7 (counts and names only)."""
     for name, r in report.targets.items():
         metrics.set_progress(name, r.backlog_remaining)
@@ -367,7 +367,7 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
     return metrics.deliver(ctx.settings.metrics)
 
 
-def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> "GateReport":
+def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
     """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
     inv = inventory(settings, deep=deep, tenant=tenant)
     return evaluate_gate(inv, key)

@@ -244,8 +244,7 @@ def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
 # imported here so that every test module gets the fixtures.
 # ---------------------------------------------------------------------------------------------
 
-from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: E402,F401
-
+from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # Key files

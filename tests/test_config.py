@@ -186,7 +186,7 @@ def test_a_bad_override_names_the_setting_and_not_the_value(tmp_path: Path, var:
 
 def test_settings_are_immutable_once_validated(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path / "p.toml", config_text()), env={})
-    with pytest.raises(Exception) as err:  # noqa: PT011 - pydantic's frozen-instance error
+    with pytest.raises(Exception) as err:
         s.job.batch_size = 1  # type: ignore[misc]
     assert "frozen" in str(err.value).lower()
 

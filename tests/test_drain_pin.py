@@ -32,8 +32,15 @@ from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.keyring import Keyring
 from pinrotate_core.log import LOGGER_NAME
-from pinrotate_core.presets import (CIPHER_COLUMNS, PERSON_DOCUMENTS, PERSONS, REQUISITE_TEMPLATES, TABLES,
-                                    VERIFICATION_REQUESTS, SeedSummary)
+from pinrotate_core.presets import (
+    CIPHER_COLUMNS,
+    PERSON_DOCUMENTS,
+    PERSONS,
+    REQUISITE_TEMPLATES,
+    TABLES,
+    VERIFICATION_REQUESTS,
+    SeedSummary,
+)
 from pinrotate_core.providers.file import FileKeyProvider
 
 from .helpers import assert_secret_free, b64

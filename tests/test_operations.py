@@ -65,6 +65,7 @@ def test_no_plaintext_key_or_ciphertext_appears_in_output_logs_artifacts_or_repo
     code_inv, inv, err_inv = cli("inventory", "--deep", "--config", str(profile.config_path), "--json")
     code_gate, gate, err_gate = cli("gate", "--retire", "1", "--config", str(profile.config_path), "--json")
     assert code_gate == 3 and gate["blocking"]["FAILED"] == 1
+    assert code_h == 4 and code_inv == 0
     assert "MARKER" not in err_json  # cheap first check with a readable failure
 
     with get_client(sync_client=True) as client:

@@ -52,7 +52,7 @@ def decrypt_table(conn: Conn, keyring: Keyring, table: str) -> dict[Any, tuple[i
 
 
 @pytest.fixture(scope="module")
-def module_database_url(pg_server: "PgServer") -> Iterator[str]:
+def module_database_url(pg_server: PgServer) -> Iterator[str]:
     # One database per server for this module: CREATE DATABASE costs far more than DROP SCHEMA.
     with pg_server.fresh_database() as url:
         yield url

@@ -94,8 +94,8 @@ def test_loading_again_reads_the_same_keyring_without_rewriting_it(keys_file: Pa
 def test_the_written_file_is_the_documented_toml_layout(keys_file: Path) -> None:
     ring = FileKeyProvider(keys_file).load_keyring()
     text = keys_file.read_text()
-    assert re.search(r"^current = 1$", text, re.M)
-    assert re.search(r"^\[keys\]$", text, re.M)
+    assert re.search(r"^current = 1$", text, re.MULTILINE)
+    assert re.search(r"^\[keys\]$", text, re.MULTILINE)
     assert f'1 = "{b64(ring.keys["1"].material)}"' in text
 
 
@@ -106,7 +106,7 @@ def test_the_provider_description_names_the_file_only(keys_file: Path) -> None:
     assert_secret_free(provider.description + repr(ring) + repr(ring.keys["1"]), ring.keys["1"].material)
 
 
-def _load_in_child(path: str, barrier: "multiprocessing.synchronize.Barrier", out: "multiprocessing.Queue[str]") -> None:
+def _load_in_child(path: str, barrier: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue[str]) -> None:
     barrier.wait()
     out.put(fingerprint(FileKeyProvider(path).load_keyring()))
 

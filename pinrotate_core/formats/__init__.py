@@ -30,11 +30,11 @@ from .legacy import LEGACY_FORMATS, LegacyCipher, looks_like_legacy
 
 __all__ += [
     "ALGORITHMS",
+    "LEGACY_FORMATS",
     "Classification",
     "Fpc1CipherSet",
     "Fpc1Value",
     "JsonPath",
-    "LEGACY_FORMATS",
     "LegacyCipher",
     "classify",
     "extract_json_values",

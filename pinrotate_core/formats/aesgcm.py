@@ -22,7 +22,7 @@ class ColumnEncoding(enum.Enum):
     BASE64_TEXT = "base64-text"
 
     @classmethod
-    def for_sql_type(cls, data_type: str) -> "ColumnEncoding":
+    def for_sql_type(cls, data_type: str) -> ColumnEncoding:
         return cls.BYTEA if data_type == "bytea" else cls.BASE64_TEXT
 
     def to_bytes(self, stored: bytes | str | memoryview) -> bytes:

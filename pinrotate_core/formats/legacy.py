@@ -58,7 +58,7 @@ def looks_like_legacy(stored: str, legacy_format: LegacyFormat = DEFAULT_LEGACY_
 class LegacyCipher:
     """Decrypt-only reader of one legacy form under the legacy key; built once per run."""
 
-    __slots__ = ("legacy_format", "_cipher")
+    __slots__ = ("_cipher", "legacy_format")
 
     def __init__(self, key: Key, legacy_format: str = DEFAULT_LEGACY_FORMAT) -> None:
         self.legacy_format: LegacyFormat = check_legacy_format(legacy_format)

@@ -33,12 +33,12 @@ class KeyringAdmin(Protocol):
     def promote(self, key_id: str) -> None: ...
 
 
-def keyring_style(settings: "Settings") -> str:
+def keyring_style(settings: Settings) -> str:
     """``fpc1`` when every target is fpc1 (named 16-byte keys), else ``aesgcm`` (integer versions)."""
     return "fpc1" if all(t.format == "fpc1" for t in settings.targets) else "aesgcm"
 
 
-def build_provider(settings: "Settings") -> KeyProvider:
+def build_provider(settings: Settings) -> KeyProvider:
     keys = settings.keys
     if keys.provider == "file":
         from .file import FileKeyProvider

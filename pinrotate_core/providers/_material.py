@@ -6,7 +6,7 @@ import base64
 import binascii
 
 from ..errors import ConfigError
-from ..keyring import Key, VALID_KEY_LENGTHS, is_version, validate_key_id
+from ..keyring import VALID_KEY_LENGTHS, Key, is_version, validate_key_id
 
 
 def decode_key(key_id: str, encoded: object, *, where: str) -> Key:

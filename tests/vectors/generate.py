@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 TEST_KEYS_NOTICE = "TEST KEYS ONLY: every key here is public and made up; never use one for real data."
 
 # --- TEST keys (public, made up) -------------------------------------------------------------
-TEST_KEY_128 = bytes(range(0x00, 0x10))  # 000102...0f
-TEST_KEY_256 = bytes(range(0x00, 0x20))  # 000102...1f
+TEST_KEY_128 = bytes(range(0x10))  # 000102...0f
+TEST_KEY_256 = bytes(range(0x20))  # 000102...1f
 TEST_KEY_128_B = bytes(range(0xF0, 0x100))  # f0f1...ff, a second fpc1 key
 TEST_LEGACY_KEY_128 = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")  # FIPS-197 example key
 TEST_LEGACY_KEY_256 = bytes(range(0x20, 0x40))
@@ -37,7 +37,7 @@ ONE_KIB = bytes((i * 7 + 3) % 256 for i in range(1024))  # 1024 bytes, every byt
 
 PLAINTEXTS: list[tuple[str, bytes]] = [
     ("empty", b""),
-    ("ascii", "Ivanov".encode()),
+    ("ascii", b"Ivanov"),
     ("one-block", b"0123456789abcdef"),  # exactly 16 bytes: a full PKCS#7 padding block in ECB
     ("utf8", "Иванов Пётр, 张伟, Ærøskøbing 🙂".encode()),
     ("1kib", ONE_KIB),
