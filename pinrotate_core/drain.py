@@ -448,15 +448,36 @@ class AesGcmDrain:
         else:
             try:
                 with raw_connection(self.engine) as conn:
+                    if result.reencrypted:
+                        durability_barrier(conn)
                     result.backlog_remaining = self.count_backlog(conn)
-            except (psycopg.Error, DatabaseError):
+            except (psycopg.Error, DatabaseError) as e:
+                # Without the barrier the last batches may not be on disk yet: the run must not
+                # report success (a gate opened on it could be undone by a crash).
                 result.backlog_remaining = result.backlog_before - result.reencrypted
+                if result.stopped is None:
+                    result.stopped, result.retryable = STOP_DB_ERROR, True
+                    result.error = (str(e) if isinstance(e, DatabaseError) else
+                                    f"target {self.target.name}: could not confirm the batches are durable "
+                                    f"({describe_db_error(e)})")
         result.duration_ms = (time.perf_counter() - started) * 1000
         log_event("target_completed", run_id=opts.run_id or None, target=self.target.name,
                   reencrypted=result.reencrypted, failed=len(result.failed), batches=result.batches,
                   backlog_remaining=result.backlog_remaining, stopped=result.stopped,
                   duration_ms=round(result.duration_ms, 1), dry_run=opts.dry_run or None)
         return result
+
+
+def durability_barrier(conn: psycopg.Connection[Any]) -> None:
+    """Return once every commit made so far is on disk.
+
+    Batches commit with ``synchronous_commit = off``; one synchronous commit that writes a commit
+    record flushes the WAL up to that record, and with it every batch committed before it, by
+    any connection. A drain reports only after this, so a crash cannot undo what it reported.
+    """
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = on")
+        conn.execute("SELECT pg_current_xact_id()")  # an xid: the COMMIT writes and flushes a record
 
 
 def stop_reason(options: DrainOptions, target_stopped: threading.Event | None = None) -> str | None:
@@ -480,7 +501,8 @@ def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, *, relaxed_com
         conn.execute("SET default_transaction_read_only = on")
     elif relaxed_commit:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the
-        # keyring: the next run takes them again. So the job need not wait for each WAL flush.
+        # keyring: the next run takes them again. So batches need not wait for each WAL flush;
+        # the drain ends with durability_barrier() before it reports.
         conn.execute("SET synchronous_commit = off")
 
 
