@@ -147,7 +147,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
 
 
 def _drain_all(ctx: rotation.RunContext, run_id: str) -> None:
-    """Targets in their configured order, at most max_degree_of_parallelism connections' worth at once."""
+    """Targets in their configured order, at most max_degree_of_parallelism drain workers at once."""
     budget = ctx.settings.job.max_degree_of_parallelism
     names = [t.name for t in ctx.targets]
     at_once = max(1, min(budget, len(names), MAX_TASK_THREADS))
