@@ -192,7 +192,7 @@ def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
     from prefect.exceptions import TerminationSignal
 
     from flows import runtime
-    from flows.rotate import run_flow  # first: it sets Prefect's environment defaults before Prefect loads
+    from flows.rotate import run_flow
 
     install_stop_handlers()
     state = None

@@ -13,15 +13,6 @@ if __name__ == "__main__":
 
     raise SystemExit(main())
 
-import os
-
-# Before Prefect reads its settings: capture the core's log lines in the run logs, give the
-# temporary local API (no PREFECT_API_URL) time to start on a busy 2-core machine, and send no
-# telemetry from a machine that handles PII.
-os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pinrotate")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
 from typing import Any
 
 from prefect import flow, get_run_logger, task
