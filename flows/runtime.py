@@ -246,12 +246,7 @@ def finish_after_stop(run_id: str) -> None:
 
 
 def _conclude(ctx: rotation.RunContext, report: rotation.RunReport) -> None:
-    for line in rotation.deliver_metrics(ctx, report):
-        log_event("metrics_delivered", run_id=ctx.run_id, result=line)
-    log_event("job_completed", run_id=ctx.run_id, exit_code=report.exit_code,
-              reencrypted=sum(r.reencrypted for r in report.targets.values()),
-              backlog_remaining=sum(r.backlog_remaining for r in report.targets.values()),
-              duration_ms=round(report.duration_ms), cancelled=report.cancelled or None)
+    rotation.conclude(ctx, report)
     set_last_report(report)
 
 

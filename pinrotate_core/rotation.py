@@ -317,11 +317,7 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
             report.gate = gate_report(ctx, report.targets)
         report.cancelled = ctx.stop.is_set()
         report.duration_ms = (time.monotonic() - ctx.started) * 1000
-        deliver_metrics(ctx, report)
-        log_event("job_completed", run_id=ctx.run_id, exit_code=report.exit_code,
-                  reencrypted=sum(r.reencrypted for r in report.targets.values()),
-                  backlog_remaining=sum(r.backlog_remaining for r in report.targets.values()),
-                  duration_ms=round(report.duration_ms))
+        conclude(ctx, report)
         return report
     finally:
         ctx.close()
@@ -357,6 +353,16 @@ def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
     metrics.set_current_key(report.current_key)
     if report.exit_code == EXIT_OK and not report.dry_run:
         metrics.mark_success()
+
+
+def conclude(ctx: RunContext, report: RunReport) -> None:
+    """The end of every run, however it was driven: deliver its metrics, log job_completed."""
+    for line in deliver_metrics(ctx, report):
+        log_event("metrics_delivered", run_id=ctx.run_id, result=line)
+    log_event("job_completed", run_id=ctx.run_id, exit_code=report.exit_code,
+              reencrypted=sum(r.reencrypted for r in report.targets.values()),
+              backlog_remaining=sum(r.backlog_remaining for r in report.targets.values()),
+              duration_ms=round(report.duration_ms), cancelled=report.cancelled or None)
 
 
 def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
