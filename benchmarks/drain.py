@@ -192,13 +192,9 @@ def main() -> int:
         print(f"row-at-a-time loop (sample {min(args.sample, args.rows):,}): {loop_rate:,.0f} rows/s; "
               f"drain / loop = {drain_rate / loop_rate:.1f}x")
         if args.transit:
-            from benchmarks.drain_transit import bench_transit
+            from benchmarks.drain_transit import bench_transit, print_figures
 
-            figures = bench_transit(min(args.rows, 50_000), [200, 490, 1000, 2000])
-            for fig in figures:
-                print(f"transit rewrap drain, batch {fig['batch_size']:>5}: {fig['rows_per_s']:,} rows/s "
-                      f"({fig['values_per_s']:,} values/s, {fig['requests_per_batch']} rewrap requests a batch)")
-            best = max(figures, key=lambda f: f["rows_per_s"])
+            best = print_figures(bench_transit(min(args.rows, 50_000), [200, 490, 1000, 2000]))
             print(f"transit: best batch size {best['batch_size']} = {best['rows_per_s']:,} rows/s; "
                   f"transit / local-key drain = {best['rows_per_s'] / drain_rate:.2f}")
         return 0
