@@ -14,7 +14,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import Settings, TargetSettings
+from .config import KeysSettings, Settings, TargetSettings
 from .db import describe_db_error, raw_connection
 from .errors import CiphertextInvalid, DatabaseError, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
@@ -70,8 +70,11 @@ class Inventory:
         return sum(t.counts[category] for t in self.targets.values())
 
 
-# Per-format inventory functions: (conn, resolved target, keyring, deep, tenant) -> TargetInventory.
-InventoryFn = Callable[[psycopg.Connection[Any], ResolvedTarget, Keyring, bool, str | None], TargetInventory]
+# Per-format inventory functions: (conn, resolved target, keyring, deep, tenant, [keys] settings)
+# -> TargetInventory. The [keys] settings carry what a format may need to read values (fpc1: the
+# legacy format).
+InventoryFn = Callable[[psycopg.Connection[Any], ResolvedTarget, Keyring, bool, str | None, KeysSettings],
+                       TargetInventory]
 _BY_FORMAT: dict[str, InventoryFn] = {}
 
 
@@ -93,7 +96,7 @@ def classify_version(key_id: str, keyring: Keyring) -> str:
 
 @register_format("aesgcm")
 def inventory_aesgcm(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring, deep: bool,
-                     tenant: str | None) -> TargetInventory:
+                     tenant: str | None, keys: KeysSettings) -> TargetInventory:
     t = target.settings
     inv = TargetInventory(t.name, t.format)
     kv = sql.Identifier(t.key_version or "")
@@ -172,12 +175,7 @@ def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, d
                 result.targets[t.name] = blocked_inventory(t, f"format {t.format} has no inventory")
                 continue
             try:
-                if t.format == "fpc1":  # fpc1 also reads [keys] legacy_format (legacy values, capacity)
-                    from .inventory_fpc1 import inventory_fpc1
-
-                    result.targets[t.name] = inventory_fpc1(conn, resolved, keyring, deep, tenant, keys=settings.keys)
-                else:
-                    result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant)
+                result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant, settings.keys)
                 if t.tenant:
                     result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, resolved, tenant)
             except psycopg.Error as e:

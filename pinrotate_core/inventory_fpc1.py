@@ -248,10 +248,9 @@ def iter_rows(conn: psycopg.Connection[Any], target: ResolvedTarget, tenant: str
 
 
 def inventory_fpc1(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring, deep: bool,
-                   tenant: str | None, keys: KeysSettings | None = None) -> TargetInventory:
+                   tenant: str | None, keys: KeysSettings) -> TargetInventory:
     """Counts per value: ACTIVE, HISTORICAL, LEGACY, UNKNOWN, UNKNOWN_KEY, EXCLUDED (+ FAILED with
     ``deep``), ``by_key`` per key id and ``legacy``; CONFLICT from the last runs; BLOCKED for lack of room."""
-    keys = keys or KeysSettings()
     t = target.settings
     legacy_format = check_legacy_format(keys.legacy_format)
     inv = TargetInventory(t.name, t.format)

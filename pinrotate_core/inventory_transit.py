@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .config import KeysSettings
 from .inventory import TargetInventory, blocked_inventory, register_format
 from .inventory_fpc1 import live_condition
 from .keyring import Keyring
@@ -75,7 +76,7 @@ def classify_transit_version(version: int, current: int, min_decryption_version:
 
 @register_format("vault-transit")
 def inventory_transit(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring, deep: bool,
-                      tenant: str | None) -> TargetInventory:
+                      tenant: str | None, keys: KeysSettings) -> TargetInventory:
     """Counts values (a row with two encrypted columns counts twice), by the version in their prefix.
 
     The prefix, not the key-version column, is what Transit decrypts with, so it is what the gate
