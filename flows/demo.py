@@ -25,7 +25,8 @@ from typing import Any
 
 import psycopg
 
-from pinrotate_core import presets, rotation
+from flows import presets
+from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
 from pinrotate_core.errors import ConfigError

@@ -69,6 +69,7 @@ class KeysSettings(_Strict):
     write_versioned: bool = True
     legacy_read_enabled: bool = False
     legacy_format: Literal["aesgcm-b64", "aes-ecb-b64"] = "aesgcm-b64"
+    legacy_plaintext: Literal["utf8", "bytes"] = "utf8"  # aes-ecb-b64: what a decrypted value must be
     vault: VaultSettings = VaultSettings()
 
     @model_validator(mode="after")

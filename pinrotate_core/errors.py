@@ -6,6 +6,8 @@ chained with ``raise ... from``. Messages name settings, targets, ids and column
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class PinrotateError(Exception):
     """Base of every error pinrotate raises on purpose."""
@@ -33,6 +35,18 @@ class KeyUnavailable(PinrotateError):
 
 class CiphertextInvalid(PinrotateError):
     """A stored value does not decrypt (wrong key, tampered, truncated). Deliberately opaque."""
+
+
+class TransitValuesInvalid(CiphertextInvalid):
+    """Some values of a batch were refused by Transit (or are not ``vault:v<N>:`` at all).
+
+    ``failed_positions`` are indexes into the batch given, so the caller can record those rows as
+    FAILED and send the others again. The message holds counts and positions, never a value.
+    """
+
+    def __init__(self, message: str, failed_positions: Sequence[int]) -> None:
+        super().__init__(message)
+        self.failed_positions = tuple(failed_positions)
 
 
 class VerificationFailed(PinrotateError):

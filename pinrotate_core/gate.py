@@ -15,8 +15,8 @@ from typing import Any
 
 from .inventory import Inventory, TargetInventory
 from .keyring import is_version
+from .schemes.base import LEGACY_KEY
 
-LEGACY_KEY = "legacy"
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
 
 
@@ -56,12 +56,8 @@ def on_key_category(key: str, current: str) -> str:
 def target_blocking(inv: TargetInventory, key: str, current: str) -> tuple[dict[str, int], int, int]:
     """(blocking counts, values on KEY, out-of-scope values still on KEY) for one target."""
     blocking = {c: inv.counts[c] for c in ALWAYS_BLOCKING}
-    if key == LEGACY_KEY:
-        on_key = inv.counts["LEGACY"]
-        excluded = int(inv.extra.get("excluded_legacy", 0))
-    else:
-        on_key = inv.by_key.get(key, 0)
-        excluded = inv.excluded_by_key.get(key, 0)
+    on_key = inv.counts["LEGACY"] if key == LEGACY_KEY else inv.by_key.get(key, 0)
+    excluded = inv.excluded_by_key.get(key, 0)
     category = on_key_category(key, current)
     blocking[category] = blocking.get(category, 0) + on_key
     return blocking, on_key, excluded

@@ -21,17 +21,15 @@ from psycopg import sql
 from .config import Settings, TargetSettings
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
-from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
-from .formats.aesgcm import AesGcmCipherSet
-from .formats.fpc1 import Fpc1CipherSet
-from .gate import LEGACY_KEY, evaluate_gate
-from .inventory import Inventory, take_inventory
-from .inventory_fpc1 import capacity_blocker
+from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
+from .gate import evaluate_gate
+from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .reencrypt import DECRYPT_FAILED
-from .targets import ResolvedTarget, resolve_target
+from .schemes import build_scheme, check_keyring
+from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
+from .targets import resolve_target
 
 if TYPE_CHECKING:
     from .gate import GateReport
@@ -124,7 +122,7 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
     keyring: Keyring | None = None
-    resolved: dict[str, ResolvedTarget] = field(default_factory=dict)
+    schemes: dict[str, Scheme] = field(default_factory=dict)
 
     @property
     def deadline(self) -> float:
@@ -172,11 +170,7 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
     if ctx.expected_key is not None and ctx.expected_key != keyring.current:
         raise RefusedToStart(
             f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
-    if "aesgcm" in formats or "vault-transit" in formats:
-        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
-    if "fpc1" in formats:
-        # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
-        Fpc1CipherSet(keyring, legacy_format=ctx.settings.keys.legacy_format)
+    check_keyring(formats, keyring, ctx.settings.keys)
     if "fpc1" in formats and not ctx.dry_run:
         if not ctx.settings.keys.write_versioned:
             raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"
@@ -185,21 +179,24 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
 
 
-def resolve_all(ctx: RunContext) -> dict[str, ResolvedTarget]:
-    """Resolve every target before anything is written: one blocked target stops the start (exit 2)."""
+def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
+    """Resolve every target and bind its scheme before anything is written: one blocked target
+    stops the start (exit 2)."""
+    assert ctx.keyring is not None, "read_current_key first"
     try:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
-                ctx.resolved[t.name] = resolve_target(conn, t)
-                if t.format == "fpc1" and ctx.keyring is not None:
-                    # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
-                    reason = capacity_blocker(conn, ctx.resolved[t.name], ctx.keyring.current,
-                                              legacy_format=ctx.settings.keys.legacy_format, tenant=ctx.tenant)
-                    if reason is not None:
-                        raise TargetBlocked(t.name, reason)
+                scheme = build_scheme(resolve_target(conn, t), ctx.keyring, ctx.settings.keys, ctx.provider)
+                # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
+                reason = capacity_blocker(conn, scheme, ctx.tenant)
+                if reason is not None:
+                    raise TargetBlocked(t.name, reason)
+                ctx.schemes[t.name] = scheme
     except TargetBlocked as e:
         raise ConfigError(f"{e}; nothing was touched") from None
-    return ctx.resolved
+    except psycopg.Error as e:
+        raise DatabaseError(f"cannot resolve the targets ({describe_db_error(e)})") from None
+    return ctx.schemes
 
 
 def drain(ctx: RunContext, name: str, *, workers: int | None = None,
@@ -209,20 +206,17 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
                            stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant)
-    return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options, keys=ctx.settings.keys,
-                        provider=ctx.provider)
+    return drain_target(ctx.engine, ctx.schemes[name], options)
 
 
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
-    assert ctx.keyring is not None
     out: dict[str, Any] = {}
     with raw_connection(ctx.engine) as conn:
         for name, result in results.items():
-            target = ctx.resolved[name]
             entry: dict[str, Any] = {"backlog": result.backlog_remaining}
-            if not ctx.dry_run and result.sample_ids and target.settings.format == "aesgcm":
-                sampled, ok = _verify_sample(conn, target, ctx.keyring, result.sample_ids)
+            if not ctx.dry_run and result.sample_ids:
+                sampled, ok = _verify_sample(conn, ctx.schemes[name], result.sample_ids)
                 entry.update(sampled=sampled, decrypted=ok, ok=(ok == sampled))
             else:
                 entry.update(sampled=0, decrypted=0, ok=True)
@@ -230,31 +224,26 @@ def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     return out
 
 
-def _verify_sample(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring,
-                   ids: Sequence[Any]) -> tuple[int, int]:
-    """Re-read rows this run committed and decrypt every value with the row's key."""
-    t = target.settings
-    ciphers = AesGcmCipherSet(keyring)
-    query = sql.SQL("SELECT {id}, {kv}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
-        kv=sql.Identifier(t.key_version or ""), cols=sql.SQL(", ").join(sql.Identifier(c) for c in t.columns),
-        rel=target.relation, id=sql.Identifier(t.id))
+def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[Any]) -> tuple[int, int]:
+    """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
+    target = scheme.target
+    query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
+        cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation, id=sql.Identifier(target.settings.id))
     sampled = ok = 0
     for row in conn.cursor(binary=True).execute(query, [list(ids)]).fetchall():
         sampled += 1
-        try:
-            for enc, stored in zip(target.encodings, row[2:]):
-                if stored is not None:
-                    ciphers.decrypt(str(row[1]), enc.to_bytes(stored))
+        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
+            log_event("verify_failed", level=40, target=target.name, id=str(row[0]))
+        else:
             ok += 1
-        except (KeyUnavailable, CiphertextInvalid):
-            log_event("verify_failed", level=40, target=t.name, id=str(row[0]))
     return sampled, ok
 
 
 def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """The gate for every older key of the keyring, from a fresh (shallow) inventory of the run's targets."""
     assert ctx.keyring is not None
-    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
+    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant,
+                         provider=ctx.provider)
     for name, r in results.items():
         if name in inv.targets:
             # Rows that did not decrypt; fpc1 values on a missing key are UNKNOWN_KEY in the inventory.
@@ -329,7 +318,7 @@ def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = No
     keyring = provider.load_keyring()
     engine = make_engine(database_url(settings), pool_size=2)
     try:
-        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
+        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
     finally:
         engine.dispose()
 

@@ -14,7 +14,6 @@ from psycopg import sql
 
 from .config import TargetSettings
 from .errors import DatabaseError, TargetBlocked
-from .formats.aesgcm import ColumnEncoding
 
 CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar"}
 INTEGER_TYPES = {"int2", "int4", "int8", "numeric"}
@@ -38,7 +37,6 @@ class ResolvedTarget:
     id_column: Column
     key_version: Column | None
     columns: tuple[Column, ...]
-    encodings: tuple[ColumnEncoding, ...]
 
     @property
     def name(self) -> str:
@@ -124,7 +122,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         need(t.tenant, "tenant")
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
-    encodings = tuple(ColumnEncoding.for_sql_type(c.type_name) for c in cipher_cols)
     if t.format == "aesgcm" and any(c.type_name in ("json", "jsonb") for c in cipher_cols):
         raise TargetBlocked(t.name, "aesgcm cipher columns must be bytea or text")
     if t.format == "fpc1":
@@ -136,6 +133,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             if c.type_name in ("json", "jsonb") and not t.json_paths.get(c.name):
                 raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}: name its encrypted fields "
                                             "in json_paths")
-    # The room an fpc1 value needs after migration depends on the data and the active key:
-    # inventory_fpc1.capacity_blocker checks it (rotation.resolve_all, inventory).
-    return ResolvedTarget(t, relation, id_column, key_version, cipher_cols, encodings)
+    # The room a value needs after rewriting depends on the data and the current key:
+    # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
+    return ResolvedTarget(t, relation, id_column, key_version, cipher_cols)

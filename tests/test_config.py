@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.presets import PIN_PROFILE_TOML
 from pinrotate_core.config import Settings, load_settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.presets import PIN_PROFILE_TOML
 
 SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
 DB_URL = f"postgresql://app:{SECRET}@db.internal/profile"

@@ -27,7 +27,6 @@ from cryptography.x509.oid import NameOID
 
 from pinrotate_core.config import KeysSettings, VaultSettings, settings_from_mapping
 from pinrotate_core.errors import CiphertextInvalid, ConfigError, ConflictError, KeyUnavailable
-from pinrotate_core.formats.transit import is_transit, transit_version, transit_version_or_none
 from pinrotate_core.providers import build_provider
 from pinrotate_core.providers.vault import (
     TransitValuesInvalid,
@@ -36,6 +35,7 @@ from pinrotate_core.providers.vault import (
     VaultTransitKeyProvider,
     build_vault_provider,
 )
+from pinrotate_core.schemes.transit import is_transit, transit_version, transit_version_or_none
 
 from .vault_server import BaoAdmin, BaoDevServer, free_loopback_port
 

@@ -24,10 +24,17 @@ import hvac.exceptions
 import requests
 
 from ..config import KeysSettings, VaultSettings
-from ..errors import CiphertextInvalid, ConfigError, ConflictError, KeyUnavailable, PinrotateError
-from ..formats.transit import transit_version
+from ..errors import (
+    CiphertextInvalid,
+    ConfigError,
+    ConflictError,
+    KeyUnavailable,
+    PinrotateError,
+    TransitValuesInvalid,
+)
 from ..keyring import Key, Keyring, next_version, validate_key_id
 from ..log import log_event
+from ..schemes.transit import transit_version
 from ._material import decode_key, normalise_current
 
 Response = dict[str, Any]
@@ -453,18 +460,6 @@ class VaultKvKeyProvider:
 
 # ---------------------------------------------------------------------------------------------
 # vault-transit
-
-
-class TransitValuesInvalid(CiphertextInvalid):
-    """Some values of a batch were refused by Transit (or are not ``vault:v<N>:`` at all).
-
-    ``failed_positions`` are indexes into the batch given, so the caller can record those rows as
-    FAILED and send the others again. The message holds counts and positions, never a value.
-    """
-
-    def __init__(self, message: str, failed_positions: Sequence[int]) -> None:
-        super().__init__(message)
-        self.failed_positions = tuple(failed_positions)
 
 
 class VaultTransitKeyProvider:
