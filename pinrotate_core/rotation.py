@@ -159,12 +159,23 @@ def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) ->
 def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     """Read the keyring once for the run and check the start conditions (§4 refusals)."""
     keyring = ctx.provider.load_keyring()
+    apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
             targets=[t.name for t in ctx.targets], dry_run=ctx.dry_run or None)
     return keyring
+
+
+def apply_key_policy(ctx: RunContext, keyring: Keyring) -> None:
+    """A key source that carries the fpc1 switches itself (Forge's settings) decides them for the run:
+    pinrotate refuses and reads legacy values exactly when Forge's own migration endpoint would."""
+    if keyring.policy is None:
+        return
+    keys = ctx.settings.keys.model_copy(update={"write_versioned": keyring.policy.write_versioned,
+                                                "legacy_read_enabled": keyring.policy.legacy_read_enabled})
+    ctx.settings = ctx.settings.model_copy(update={"keys": keys})
 
 
 def check_start(ctx: RunContext, keyring: Keyring) -> None:
@@ -178,8 +189,13 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
         # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
         Fpc1CipherSet(keyring, legacy_format=ctx.settings.keys.legacy_format)
     if "fpc1" in formats and not ctx.dry_run:
+        policy = keyring.policy
+        if policy is not None and not policy.enabled:
+            raise RefusedToStart(f"{policy.enabled_setting} is false: Forge does not use its persistent keyring;"
+                                 " refusing to migrate (a --dry-run is allowed)")
         if not ctx.settings.keys.write_versioned:
-            raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"
+            setting = policy.write_versioned_setting if policy is not None else "keys.write_versioned"
+            raise RefusedToStart(f"{setting} is false: refusing to migrate until every writer writes FPC1"
                                  " (a --dry-run is allowed)")
         if ctx.expected_key is None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
