@@ -7,24 +7,29 @@ composes them for a plain Python caller (no orchestrator needed). Nothing here p
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import Settings, TargetSettings
-from .db import database_url, describe_db_error, make_engine, raw_connection
+from ._files import write_atomically
+from .config import Settings, TargetSettings, pinrotate_home
+from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
 from .formats.fpc1 import Fpc1CipherSet
-from .gate import LEGACY_KEY, evaluate_gate
+from .gate import LEGACY_KEY, evaluate_gate, gate_record
 from .inventory import Inventory, take_inventory
 from .inventory_fpc1 import capacity_blocker
 from .keyring import Keyring
@@ -390,6 +395,40 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
-    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
-    inv = inventory(settings, deep=deep, tenant=tenant)
-    return evaluate_gate(inv, key)
+    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict,
+    with what the change-ticket record names: database identity, keyring source, counts, scope."""
+    check_tenant_scope(settings.targets, tenant)
+    provider = build_provider(settings)
+    keyring = provider.load_keyring()
+    engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
+        identity = database_identity(engine)
+    finally:
+        engine.dispose()
+    report = evaluate_gate(inv, key)
+    report.database = identity
+    report.keyring_source = keyring.source
+    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,
+                    "targets": [t.name for t in settings.targets]}
+    return report
+
+
+def write_gate_record(report: GateReport, *, ticket: str | None, path: str | None) -> Path:
+    """Write the change-ticket record atomically; the default path is under $PINROTATE_HOME/records."""
+    now = datetime.now(UTC)
+    record = gate_record(report, ticket=ticket, recorded_at=now)
+    if path is None:
+        key, slug = (re.sub(r"[^A-Za-z0-9_-]+", "_", text)[:64] for text in (report.key, ticket or "no-ticket"))
+        target = pinrotate_home() / "records" / f"gate-{key}-{slug}-{now:%Y%m%dT%H%M%SZ}.json"
+    else:
+        target = Path(path).expanduser()
+        if not target.parent.is_dir():
+            raise ConfigError(f"--record: folder {target.parent} does not exist")
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomically(target, json.dumps(record, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError(f"--record: cannot write {target} ({e.strerror})") from None
+    return target

@@ -319,3 +319,72 @@ def test_forge_refusals_exit_2_with_one_line(primary_database_url: str, tmp_path
     assert len(lines) == 1 and named in lines[0], err
     assert doc["exit_code"] == 2 and named in doc["error"]
     assert_secret_free(err + json.dumps(doc), K2, K1)
+
+
+def secrets_of(forge: Forge) -> list[bytes | str]:
+    """Everything that must never appear in a record: keys, plaintexts, stored ciphertexts."""
+    return [K1, K2, LEGACY, *forge.plain.values(), *forge.stored_values()]
+
+
+def test_gate_ticket_record_names_database_keyring_and_counts_but_no_value_or_key(
+        primary_database_url: str, tmp_path: Path) -> None:
+    forge = Forge(psycopg.connect(primary_database_url, autocommit=True))
+    path = bootstrap_file(tmp_path)
+    cfg = write_toml(tmp_path, primary_database_url, path)
+    home = tmp_path / "home"
+    code, doc, err = cli("gate", "--retire", "k1", "--ticket", "CHG-4711", "--config", str(cfg), "--json",
+                         env={**ENV_HISTORY, "PINROTATE_HOME": str(home)})
+    assert code == 3 and doc["open"] is False, err
+    record_path = Path(doc["record"])
+    assert record_path.parent == home / "records" and record_path.name.startswith("gate-k1-CHG-4711-")
+    text = record_path.read_text(encoding="utf-8")
+    record = json.loads(text)
+    assert record["record"] == "pinrotate gate record" and record["ticket"] == "CHG-4711"
+    assert record["key"] == "k1" and record["verdict"] == "closed" and record["current_key"] == "k2"
+    assert record["blocking"]["HISTORICAL"] == 4  # dc 2, 4; lc 1 password, lc 2 token (deleted rows excluded)
+    db = record["database"]
+    with psycopg.connect(primary_database_url) as conn:
+        sysid, dbname = conn.execute("SELECT system_identifier::text, current_database() "
+                                     "FROM pg_control_system()").fetchone()  # type: ignore[misc]
+    assert db["system_identifier"] == sysid and db["database"] == dbname and db["host"]
+    assert record["pinrotate_version"].startswith("pinrotate ")
+    assert record["keyring_source"].startswith(f"forge {path}") and "FORGE_CRYPTO_PERSISTENCE_KEYS_K1" in text
+    assert record["tenants"] == ["1", "2"] and record["scope"]["all_tenants"] is True
+    assert record["targets"][DC]["HISTORICAL"] == 2 and record["targets"][DC]["LEGACY"] == 2
+    assert record["targets"][DC]["gate"]["on_key"] == 2
+    assert record["recorded_at"].endswith("+00:00")
+    assert_secret_free(text, *secrets_of(forge))
+    assert_secret_free(err, *secrets_of(forge))
+    assert os.stat(record_path).st_mode & 0o777 == 0o600
+
+
+def test_forge_install_through_the_command_line_inventory_dry_run_run_and_gate_record(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    forge = Forge(psycopg.connect(primary_database_url, autocommit=True))
+    path = bootstrap_file(tmp_path)
+    file_bytes = path.read_bytes()
+    cfg = write_toml(tmp_path, primary_database_url, path)
+    env = {**ENV_HISTORY, "PREFECT_API_URL": prefect_api}
+    # Global options before the command, as the usage line shows them.
+    code, inv, err = cli("--config", str(cfg), "--json", "inventory", env=env)
+    assert code == 0, err
+    assert inv["current_key"] == "k2" and inv["targets"][DC]["LEGACY"] == 2 and inv["targets"][DC]["HISTORICAL"] == 2
+    before = forge.snapshot()
+    code, dry, err = cli("run", "--dry-run", "--config", str(cfg), "--json", env=env)
+    assert code == 0, err
+    assert dry["dry_run"] is True and dry["targets"][DC]["reencrypted"] == 4 and forge.snapshot() == before
+    code, real, err = cli("run", "--expected-key-version", "k2", "--config", str(cfg), "--json", env=env)
+    assert code == 0, err
+    assert real["targets"][DC]["reencrypted"] == 4 and real["targets"][LC]["reencrypted"] == 3
+    for row_id in (1, 2, 3, 4, 7):
+        value = forge.password(row_id)
+        assert value is not None and parse_fpc1(value).key_id == "k2"
+        assert decrypt(value) == forge.plain[("dc", row_id, "password")]
+    record_path = tmp_path / "CHG-4711-legacy.json"
+    code, gate, err = cli("gate", "--retire", "legacy", "--ticket", "CHG-4711", "--record", str(record_path),
+                          "--config", str(cfg), "--json", env=env)
+    assert code == 0 and gate["open"] is True and gate["record"] == str(record_path), err
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    assert record["verdict"] == "open" and record["ticket"] == "CHG-4711" and record["key"] == "legacy"
+    assert_secret_free(record_path.read_text(encoding="utf-8"), *secrets_of(forge))
+    assert path.read_bytes() == file_bytes
