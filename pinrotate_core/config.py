@@ -63,8 +63,9 @@ class VaultSettings(_Strict):
 
 
 class KeysSettings(_Strict):
-    provider: Literal["file", "env", "k8s-dir", "vault-kv", "vault-transit"] = "file"
-    file: str | None = None  # default $PINROTATE_HOME/keys.toml
+    provider: Literal["file", "env", "k8s-dir", "vault-kv", "vault-transit", "forge"] = "file"
+    # default $PINROTATE_HOME/keys.toml; forge: $FORGE_CRYPTO_BOOTSTRAP_FILE, ~/.forge/secrets/crypto.properties
+    file: str | None = None
     dir: str | None = None  # k8s-dir: mounted Secret folder
     write_versioned: bool = True
     legacy_read_enabled: bool = False
@@ -80,6 +81,12 @@ class KeysSettings(_Strict):
             raise ValueError("provider \"vault-kv\" needs keys.vault.path")
         if self.provider == "vault-transit" and not self.vault.key:
             raise ValueError("provider \"vault-transit\" needs keys.vault.key")
+        # forge: Forge's own write-versioned / legacy-read-enabled decide, as for Forge's migration
+        # endpoint; a second, possibly different, value here would only mislead.
+        fixed = sorted({"write_versioned", "legacy_read_enabled"} & self.model_fields_set)
+        if self.provider == "forge" and fixed:
+            raise ValueError(f"{fixed[0]} cannot be set with provider \"forge\": it comes from Forge's"
+                             f" forge.crypto.persistence.{fixed[0].replace('_', '-')}")
         return self
 
     @property

@@ -104,3 +104,33 @@ def describe_db_error(exc: BaseException | None) -> str:
         state = exc.sqlstate or "no sqlstate"
         return f"{type(exc).__name__}, SQLSTATE {state}"
     return type(exc).__name__ if exc is not None else "unknown error"
+
+
+def database_identity(engine: sa.Engine) -> dict[str, Any]:
+    """Which database a report speaks of: the cluster's system identifier (unique per initdb, kept
+    by physical replicas), database name, server address and version. Names and numbers only."""
+    identity: dict[str, Any] = {"system_identifier": None, "database": None, "host": None, "port": None,
+                                "server_version": None}
+    url = engine.url
+    socket_dir = url.query.get("host")
+    identity["host"] = url.host or (socket_dir if isinstance(socket_dir, str) else None) or "local socket"
+    identity["port"] = url.port
+    with raw_connection(engine) as conn:
+        try:
+            row = conn.execute("SELECT current_database(), inet_server_addr()::text, inet_server_port(),"
+                               " current_setting('server_version')").fetchone()
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
+        if row is not None:
+            identity["database"] = row[0]
+            identity["server_address"] = row[1]  # None over a unix socket
+            identity["port"] = row[2] or identity["port"]
+            identity["server_version"] = row[3]
+        try:
+            sysid = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+            identity["system_identifier"] = sysid[0] if sysid else None
+        except psycopg.errors.InsufficientPrivilege:
+            identity["system_identifier"] = "not readable by this role (EXECUTE on pg_control_system)"
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
+    return identity

@@ -7,22 +7,27 @@ composes them for a plain Python caller (no orchestrator needed). Nothing here p
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import Settings, TargetSettings
-from .db import database_url, describe_db_error, make_engine, raw_connection
+from ._files import write_atomically
+from .config import Settings, TargetSettings, pinrotate_home
+from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
-from .gate import evaluate_gate
+from .gate import evaluate_gate, gate_record
 from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
@@ -157,12 +162,23 @@ def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) ->
 def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     """Read the keyring once for the run and check the start conditions (§4 refusals)."""
     keyring = ctx.provider.load_keyring()
+    apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
             targets=[t.name for t in ctx.targets], dry_run=ctx.dry_run or None)
     return keyring
+
+
+def apply_key_policy(ctx: RunContext, keyring: Keyring) -> None:
+    """A key source that carries the fpc1 switches itself (Forge's settings) decides them for the run:
+    pinrotate refuses and reads legacy values exactly when Forge's own migration endpoint would."""
+    if keyring.policy is None:
+        return
+    keys = ctx.settings.keys.model_copy(update={"write_versioned": keyring.policy.write_versioned,
+                                                "legacy_read_enabled": keyring.policy.legacy_read_enabled})
+    ctx.settings = ctx.settings.model_copy(update={"keys": keys})
 
 
 def check_start(ctx: RunContext, keyring: Keyring) -> None:
@@ -172,8 +188,13 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
             f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
     check_keyring(formats, keyring, ctx.settings.keys)
     if "fpc1" in formats and not ctx.dry_run:
+        policy = keyring.policy
+        if policy is not None and not policy.enabled:
+            raise RefusedToStart(f"{policy.enabled_setting} is false: Forge does not use its persistent keyring;"
+                                 " refusing to migrate (a --dry-run is allowed)")
         if not ctx.settings.keys.write_versioned:
-            raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"
+            setting = policy.write_versioned_setting if policy is not None else "keys.write_versioned"
+            raise RefusedToStart(f"{setting} is false: refusing to migrate until every writer writes FPC1"
                                  " (a --dry-run is allowed)")
         if ctx.expected_key is None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
@@ -363,6 +384,40 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
-    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
-    inv = inventory(settings, deep=deep, tenant=tenant)
-    return evaluate_gate(inv, key)
+    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict,
+    with what the change-ticket record names: database identity, keyring source, counts, scope."""
+    check_tenant_scope(settings.targets, tenant)
+    provider = build_provider(settings)
+    keyring = provider.load_keyring()
+    engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
+        identity = database_identity(engine)
+    finally:
+        engine.dispose()
+    report = evaluate_gate(inv, key)
+    report.database = identity
+    report.keyring_source = keyring.source
+    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,
+                    "targets": [t.name for t in settings.targets]}
+    return report
+
+
+def write_gate_record(report: GateReport, *, ticket: str | None, path: str | None) -> Path:
+    """Write the change-ticket record atomically; the default path is under $PINROTATE_HOME/records."""
+    now = datetime.now(UTC)
+    record = gate_record(report, ticket=ticket, recorded_at=now)
+    if path is None:
+        key, slug = (re.sub(r"[^A-Za-z0-9_-]+", "_", text)[:64] for text in (report.key, ticket or "no-ticket"))
+        target = pinrotate_home() / "records" / f"gate-{key}-{slug}-{now:%Y%m%dT%H%M%SZ}.json"
+    else:
+        target = Path(path).expanduser()
+        if not target.parent.is_dir():
+            raise ConfigError(f"--record: folder {target.parent} does not exist")
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomically(target, json.dumps(record, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError(f"--record: cannot write {target} ({e.strerror})") from None
+    return target
