@@ -7,6 +7,7 @@ parameters and results; everything else goes through the engine. Never logs a UR
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from .config import Settings, pinrotate_home
-from .errors import ConfigError, DatabaseError
+from .errors import ConfigError, DatabaseUnavailable
 
 
 def embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
@@ -61,23 +62,53 @@ def redacted(url: str) -> str:
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
-    return sa.create_engine(
+    engine = sa.create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=2,
         pool_pre_ping=True,
+        # raw_connection() rolls back and resets itself; the pool's own reset on a connection that
+        # died in an outage would only log a traceback.
+        pool_reset_on_return=None,
         connect_args={"application_name": "pinrotate"},
     )
+    where = engine.url
+
+    @sa.event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        # Every new connection of the pool, whoever asked for it (the pool raises the driver's
+        # error unwrapped): one error that names where, never how (no password).
+        try:
+            return psycopg.connect(*cargs, **cparams)
+        except psycopg.OperationalError as e:
+            raise unavailable(where, e) from None
+
+    return engine
+
+
+# Refusals that trying again cannot cure: a wrong user, password or database. (libpq reports the
+# server's FATAL at connection time as text only, without a SQLSTATE.)
+_PERMANENT = re.compile(r"does not exist|authentication failed|pg_hba\.conf|permission denied|not permitted")
+
+
+def unavailable(url: sa.URL, error: psycopg.OperationalError) -> DatabaseUnavailable:
+    """``cannot connect to database "profile" on db:5432 as user "app": <the server's reason>``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = next((ln for ln in lines if "failed: " in ln), lines[0] if lines else type(error).__name__)
+    reason = reason.rsplit("failed: ", 1)[-1].removeprefix("FATAL:").strip() or type(error).__name__
+    if url.password:
+        reason = reason.replace(str(url.password), "***")
+    host = url.host or url.query.get("host") or "localhost"  # ?host=/run/postgresql: a unix socket
+    return DatabaseUnavailable(
+        f'cannot connect to database "{url.database or "(default)"}" on {host}:{url.port or 5432}'
+        f' as user "{url.username or "(default)"}": {reason}', retryable=not _PERMANENT.search(reason))
 
 
 @contextlib.contextmanager
 def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A psycopg connection from the pool, in autocommit mode so that every batch is an explicit
     ``with conn.transaction():`` block; handed back to the pool in its default state."""
-    try:
-        proxied = engine.raw_connection()
-    except sa.exc.OperationalError as e:
-        raise DatabaseError(f"cannot connect to the database ({describe_db_error(e.orig)})") from None
+    proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
     try:
         conn = proxied.driver_connection
         assert isinstance(conn, psycopg.Connection)

@@ -61,6 +61,17 @@ class DatabaseError(PinrotateError):
     """The database failed in a way that rolled the open batch back."""
 
 
+class DatabaseUnavailable(DatabaseError):
+    """No connection to the database (down, unreachable, wrong user or database): exit code 4.
+
+    ``retryable``: an outage may pass; a wrong user, password or database name will not.
+    """
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
 class TargetBlocked(PinrotateError):
     """A target cannot be migrated as configured (missing table or column, no single key, ...)."""
 

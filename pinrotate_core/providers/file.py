@@ -14,6 +14,8 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import tomli_w
+
 from .._files import exclusive_lock, write_atomically
 from ..errors import ConfigError
 from ..keyring import Key, Keyring, is_version, next_version, sort_key, validate_key_id
@@ -109,25 +111,18 @@ class FileKeyProvider:
 
     def _write(self, ring: Keyring) -> None:
         """Write atomically: readers see the old keyring or the new one, never a torn file."""
-        lines = [_HEADER]
-        lines.append(f"current = {_toml_scalar(ring.current)}\n")
+        doc: dict[str, object] = {"current": int(ring.current) if is_version(ring.current) else ring.current}
         if ring.legacy is not None:
-            lines.append(f'legacy = "{_b64(ring.legacy)}"\n')
-        lines.append("\n[keys]\n")
-        for key_id in sorted(ring.keys, key=sort_key):
-            lines.append(f'{key_id} = "{_b64(ring.keys[key_id])}"\n')
+            doc["legacy"] = _b64(ring.legacy)
+        doc["keys"] = {key_id: _b64(ring.keys[key_id]) for key_id in sorted(ring.keys, key=sort_key)}
         try:
-            write_atomically(self.path, "".join(lines))
+            write_atomically(self.path, _HEADER + tomli_w.dumps(doc))
         except OSError as e:
             raise ConfigError(f"keys.file: cannot write {self.path} ({e.strerror})") from None
 
 
 def _b64(key: Key) -> str:
     return base64.b64encode(key.material).decode("ascii")
-
-
-def _toml_scalar(key_id: str) -> str:
-    return key_id if is_version(key_id) else f'"{key_id}"'
 
 
 def _named_id(prefix: str) -> str:
