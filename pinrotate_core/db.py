@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from .config import Settings, pinrotate_home
-from .errors import ConfigError, DatabaseUnavailable
+from .errors import ConfigError, DatabaseError, DatabaseUnavailable
 
 
 def embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
