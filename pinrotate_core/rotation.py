@@ -226,7 +226,8 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     job = ctx.settings.job
     options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
-                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant)
+                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
+                           lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout)
     return drain_target(ctx.engine, ctx.schemes[name], options)
 
 
