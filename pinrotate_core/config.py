@@ -113,6 +113,9 @@ class TargetSettings(_Strict):
     tenant: str | None = None
     soft_delete: str | None = None
     json_paths: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Non-internal UPDATE triggers on the table: "block" (the target is BLOCKED), "disable" (each
+    # batch runs with session_replication_role = replica), "fire" (their side effects are accepted).
+    triggers: Literal["block", "disable", "fire"] = "block"
 
     @field_validator("name")
     @classmethod

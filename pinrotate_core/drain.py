@@ -30,7 +30,7 @@ from .formats.aesgcm import AesGcmCipherSet
 from .keyring import Keyring
 from .log import log_event
 from .reencrypt import BatchPlan, FailedRow, plan_aesgcm_batch
-from .targets import ResolvedTarget
+from .targets import ResolvedTarget, begin_writing_batch
 
 if TYPE_CHECKING:
     from .providers import KeyProvider
@@ -278,6 +278,8 @@ class AesGcmDrain:
         params.append(self.options.batch_size)
         conn.execute("BEGIN")
         try:
+            if not self.options.dry_run:
+                begin_writing_batch(conn, self.target)  # issue 9: triggers = "disable" (port to the new drain)
             return conn.cursor(binary=True).execute(self._select(last is not None, hi is not None), params).fetchall()
         except BaseException:
             with contextlib.suppress(psycopg.Error):

@@ -56,7 +56,7 @@ from .keyring import Keyring
 from .log import log_event
 from .reencrypt import DECRYPT_FAILED, FailedRow
 from .state import NO_TENANT, StateError, database_identity, record_conflicts
-from .targets import Column, ResolvedTarget
+from .targets import Column, ResolvedTarget, begin_writing_batch
 
 UNKNOWN_KEY: Final = "unknown_key"
 JSON_REWRITE_REFUSED: Final = "json_rewrite_refused"
@@ -320,6 +320,7 @@ class Fpc1Drain:
         _, scope_params = scope_condition(self.target.settings, self.options.tenant)
         lost: list[tuple[Any, str, str, int]] = []
         with conn.transaction():
+            begin_writing_batch(conn, self.target)  # issue 9: triggers = "disable" (port to the new drain)
             for column, write in plan.writes.items():
                 cur = conn.execute(self._update_sql[column], [write.ids, write.originals, write.updated, *scope_params])
                 matched = {r[0] for r in cur.fetchall()}
