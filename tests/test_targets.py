@@ -21,8 +21,12 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.formats.aesgcm import AesGcmCipherSet
+from pinrotate_core.formats.fpc1 import Fpc1CipherSet
 from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
+
+from .helpers import b64
 
 ROWS = 12
 PEOPLE = "People"
@@ -306,3 +310,30 @@ def test_triggers_disable_needs_a_role_that_may_set_session_replication_role(
     finally:
         pg_conn.execute(sql.SQL("REVOKE SET ON PARAMETER session_replication_role FROM {}").format(
             sql.Identifier(app_role)))
+
+
+def test_triggers_disable_also_holds_for_the_fpc1_compare_and_swap_writes(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    k1, k2 = secrets.token_bytes(16), secrets.token_bytes(16)
+    keys_file.write_text(f'current = "k2"\n[keys]\nk1 = "{b64(k1)}"\nk2 = "{b64(k2)}"\n', encoding="utf-8")
+    keys_file.chmod(0o600)
+    old = Fpc1CipherSet(Keyring(current="k1", keys={"k1": Key("k1", k1)}, source="test"))
+    pg_conn.execute(f"CREATE TABLE people (id bigint PRIMARY KEY, secret text, note text, "
+                    f"updated_at timestamptz NOT NULL DEFAULT '{TOUCHED_AT}')")
+    pg_conn.execute("CREATE TABLE people_audit (id bigserial PRIMARY KEY, person_id bigint NOT NULL)")
+    pg_conn.cursor().executemany("INSERT INTO people (id, secret) VALUES (%s, %s)",
+                                 [(i, old.encrypt_current(f"s{i}".encode())) for i in range(1, ROWS + 1)])
+    add_touch_and_audit_triggers(pg_conn)
+    raw = {"database": {"url": database_url}, "keys": {"provider": "file", "file": str(keys_file)},
+           "job": {"batch_size": 5, "inter_batch_delay": 0},
+           "targets": [{"name": PEOPLE, "table": "people", "columns": ["secret"], "format": "fpc1"}]}
+    with pytest.raises(ConfigError, match="UPDATE triggers"):
+        rotation.run_rotation(settings_from_mapping(raw, env={}), expected_key="k2")
+
+    raw["targets"][0]["triggers"] = "disable"  # type: ignore[index]
+    report = rotation.run_rotation(settings_from_mapping(raw, env={}), expected_key="k2")
+
+    assert report.exit_code == 0 and report.targets[PEOPLE].reencrypted == ROWS
+    assert pg_conn.execute("SELECT count(*) FROM people WHERE secret LIKE 'FPC1:AES-GCM:k2:%%'").fetchone() == (ROWS,)
+    assert pg_conn.execute("SELECT count(*) FROM people WHERE updated_at = %s", (TOUCHED_AT,)).fetchone() == (ROWS,)
+    assert audit_rows(pg_conn) == 0
