@@ -24,7 +24,8 @@ from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
 from .formats.fpc1 import Fpc1CipherSet
-from .gate import LEGACY_KEY, evaluate_gate
+from .durability import confirm_flushed
+from .gate import LEGACY_KEY, check_retire_key, evaluate_gate, held_keys
 from .inventory import Inventory, take_inventory
 from .inventory_fpc1 import capacity_blocker
 from .keyring import Keyring
@@ -261,18 +262,23 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
             inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
     out: dict[str, Any] = {}
     ring = ctx.keyring
-    if ring.server_side:
-        # Transit keeps its versions server-side: every older version it can still decrypt.
-        keys = [str(v) for v in range(max(1, ring.min_decryption_version or 1), ring.current_version)]
-    else:
-        keys = list(ring.ids())
-    if any(t.format == "fpc1" for t in ctx.targets):
-        keys.append(LEGACY_KEY)
-    for key in keys:
-        if key == ctx.keyring.current:
-            continue
-        report = evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()})
-        out[key] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n}}
+    # Every key `gate --retire` would answer about (Transit: every older version it still decrypts);
+    # legacy only for fpc1 targets.
+    keys = [k for k in held_keys(ring) if k != ring.current]
+    if not any(t.format == "fpc1" for t in ctx.targets):
+        keys = [k for k in keys if k != LEGACY_KEY]
+    verdicts = {key: evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()}) for key in keys}
+    durable = True
+    if any(v.open for v in verdicts.values()):
+        try:
+            with raw_connection(ctx.engine) as conn:
+                confirm_flushed(conn)
+        except DatabaseError as e:
+            # Fail closed: no key is reported free on commits that a crash could still undo.
+            log_event("gate_not_durable", level=40, run_id=ctx.run_id, error=str(e))
+            durable = False
+    for key, report in verdicts.items():
+        out[key] = {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n}}
     return out
 
 
@@ -374,6 +380,22 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
-    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
-    inv = inventory(settings, deep=deep, tenant=tenant)
-    return evaluate_gate(inv, key)
+    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict.
+
+    A KEY the keyring does not hold, or the current key, is refused before the database is read
+    (``KeyNotRetirable``, exit 2). An open verdict is given only once the WAL behind every commit
+    the inventory saw is flushed (``durability.confirm_flushed``).
+    """
+    check_tenant_scope(settings.targets, tenant)
+    keyring = build_provider(settings).load_keyring()
+    check_retire_key(keyring, key)
+    engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
+        report = evaluate_gate(inv, key)
+        if report.open:
+            with raw_connection(engine) as conn:
+                report.durability = confirm_flushed(conn)
+        return report
+    finally:
+        engine.dispose()

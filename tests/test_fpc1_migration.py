@@ -607,7 +607,8 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     assert not first.open and first.blocking["HISTORICAL"] == 4
     legacy = rotation.retire_gate(settings, "legacy")
     assert not legacy.open and legacy.blocking["LEGACY"] == 3
-    assert not rotation.retire_gate(settings, "k2").open  # the active key is never free to go
+    with pytest.raises(ConfigError, match="key k2 is the current key"):  # the active key is never free to go
+        rotation.retire_gate(settings, "k2")
 
     pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")
