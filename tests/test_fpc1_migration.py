@@ -80,6 +80,7 @@ def write_keys(path: Path, current: str = "k2", keys: dict[str, bytes] | None = 
     lines.append("[keys]\n")
     lines += [f'{k} = "{base64.b64encode(v).decode()}"\n' for k, v in keys.items()]
     path.write_text("".join(lines), encoding="utf-8")
+    path.chmod(0o600)
 
 
 def ring() -> Keyring:
