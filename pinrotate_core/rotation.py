@@ -21,10 +21,10 @@ from psycopg import sql
 from .config import Settings, TargetSettings
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
+from .durability import confirm_flushed
 from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
 from .formats.aesgcm import AesGcmCipherSet
 from .formats.fpc1 import Fpc1CipherSet
-from .durability import confirm_flushed
 from .gate import LEGACY_KEY, check_retire_key, evaluate_gate, held_keys
 from .inventory import Inventory, take_inventory
 from .inventory_fpc1 import capacity_blocker
