@@ -303,6 +303,8 @@ def test_triggers_disable_needs_a_role_that_may_set_session_replication_role(
     assert snapshot(pg_conn) == before and audit_rows(pg_conn) == 0
 
     # PostgreSQL 15+: the right can be granted without superuser; then the run goes through silently.
+    if pg_conn.info.server_version < 150000:
+        return
     pg_conn.execute(sql.SQL("GRANT SET ON PARAMETER session_replication_role TO {}").format(sql.Identifier(app_role)))
     try:
         report = rotation.run_rotation(settings)
