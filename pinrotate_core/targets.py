@@ -185,8 +185,9 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
 
     Looks at the non-internal, enabled UPDATE triggers of the table and of its partitions and
     inheritance children (an UPDATE through the parent fires theirs too), row- and statement-level,
-    leaving out ``UPDATE OF`` triggers on columns pinrotate never writes. ``tgenabled``: 'O' fires
-    in the normal (origin) mode only, 'R' in replica mode only, 'A' always.
+    leaving out ``UPDATE OF`` triggers on columns pinrotate never writes; and ON UPDATE rules of the
+    table, which rewrite the UPDATE the same way. ``tgenabled`` / ``ev_enabled``: 'O' fires in the
+    normal (origin) mode only, 'R' in replica mode only, 'A' always.
     """
     try:
         rows = conn.execute(
@@ -204,9 +205,13 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
                AND (cardinality(tg.tgattr::int2[]) = 0
                     OR tg.tgattr::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
                                                    WHERE a.attrelid = tg.tgrelid AND a.attname = ANY(%s)))
+            UNION ALL
+            SELECT 'rule ' || r.rulename::text, true, r.ev_class::regclass::text, r.ev_enabled::text
+              FROM pg_rewrite r
+             WHERE r.ev_class = %s::oid AND r.ev_type = '2' AND r.ev_enabled <> 'D'   -- ON UPDATE rules
              ORDER BY 3, 1
             """,
-            (oid, oid, written),
+            (oid, oid, written, oid),
         ).fetchall()
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
@@ -219,7 +224,8 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     if t.triggers == "block":
         firing = names("OA")
         if firing:
-            raise TargetBlocked(t.name, f"{t.table} has UPDATE triggers that re-encryption would fire: "
+            what = "UPDATE triggers or rules" if any(n.startswith("rule ") for n in firing) else "UPDATE triggers"
+            raise TargetBlocked(t.name, f"{t.table} has {what} that re-encryption would fire: "
                                         f"{', '.join(firing)}; set triggers = \"disable\" or \"fire\" on the target")
         return False
     # "disable": session_replication_role = replica silences 'O' triggers only.

@@ -270,6 +270,18 @@ def test_triggers_that_cannot_fire_on_a_reencryption_do_not_block(
     assert "note_changed" not in (inv.blocked_reason or "")
 
 
+def test_an_update_rule_blocks_like_a_trigger_and_disable_silences_it(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, people: FileKeyProvider) -> None:
+    pg_conn.execute("CREATE RULE log_update AS ON UPDATE TO people DO ALSO "
+                    "INSERT INTO people_audit (person_id) VALUES (NEW.id)")
+    blocked = rotation.inventory(settings_for(database_url, keys_file)).targets[PEOPLE]
+    assert blocked.counts["BLOCKED"] == 1
+    assert "UPDATE triggers or rules that re-encryption would fire: rule log_update" in (blocked.blocked_reason or "")
+
+    report = rotation.run_rotation(settings_for(database_url, keys_file, triggers="disable"))
+    assert report.exit_code == 0 and key_versions(pg_conn) == {2: ROWS} and audit_rows(pg_conn) == 0
+
+
 def test_triggers_disable_refuses_triggers_that_replica_mode_does_not_silence(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, people: FileKeyProvider) -> None:
     add_touch_and_audit_triggers(pg_conn)
