@@ -333,6 +333,8 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     d = report.as_dict()
     if report.open:
         human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
+        if report.durability.get("wal_flush_lsn"):
+            human += f"\n(what it read is on disk: WAL flushed to {report.durability['wal_flush_lsn']})"
     else:
         blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
         human = f"gate for key {report.key}: CLOSED ({blocking})"

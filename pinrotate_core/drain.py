@@ -32,6 +32,7 @@ from .log import log_event
 from .schemes.base import BatchPlan, FailedRow, Scheme, Write
 from .scope import scope_condition
 from .state import NO_TENANT, StateError, database_identity, record_conflicts
+from .targets import begin_writing_batch
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
@@ -320,6 +321,7 @@ class Drain:
         conn.execute("BEGIN")
         try:
             if not self.options.dry_run:
+                begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
                 # Per batch: never wait long for a lock an application holds, never run away.
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
                     sql.Literal(f"{int(self.options.lock_timeout * 1000)}ms")))

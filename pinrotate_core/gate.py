@@ -3,7 +3,8 @@
 Open only when, over every target and tenant in scope, nothing is on KEY and nothing could be
 hiding there: UNKNOWN + UNKNOWN_KEY + BLOCKED + FAILED + CONFLICT = 0 (contract §6). Values on
 other old keys do not block KEY; out-of-scope rows do not block but are counted, because
-destroying KEY crypto-erases them.
+destroying KEY crypto-erases them. A KEY the keyring does not hold, or the current key, is never
+asked about: it is refused before anything is read (``check_retire_key``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .inventory import Inventory, TargetInventory
-from .keyring import is_version
+from .keyring import Keyring, is_version
 from .schemes.base import LEGACY_KEY
 
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
@@ -36,11 +37,55 @@ class GateReport:
     keyring_source: str = ""
     counts: dict[str, dict[str, Any]] = field(default_factory=dict)
     scope: dict[str, Any] = field(default_factory=dict)
+    # How the gate made sure that what it read is on disk (see durability.confirm_flushed).
+    durability: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
-        return {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
-                "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+        out = {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
+               "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+        if self.durability:
+            out["durability"] = self.durability
+        return out
+
+
+class KeyNotRetirable(ConfigError):
+    """``gate --retire KEY`` where the keyring does not hold KEY, or KEY is current (exit code 2)."""
+
+
+def held_keys(keyring: Keyring) -> list[str]:
+    """Every key the keyring holds, as ``gate --retire`` names them (``legacy`` last, when configured).
+
+    ``vault-transit``: the versions Transit still decrypts, ``min_decryption_version`` to
+    ``latest_version`` (what Transit lists under ``keys``); a version below it is already retired
+    in Transit.
+    """
+    if keyring.server_side:
+        held = [str(v) for v in range(keyring.min_decryption_version or 1, keyring.current_version + 1)]
+    else:
+        held = keyring.ids()
+    if keyring.legacy is not None:
+        held.append(LEGACY_KEY)
+    return held
+
+
+def describe_held(keyring: Keyring) -> str:
+    if keyring.server_side:
+        oldest, latest = keyring.min_decryption_version or 1, keyring.current_version
+        versions = f"version {latest}" if oldest == latest else f"versions {oldest} to {latest}"
+        return f"{keyring.source} holds {versions}"
+    return f"{keyring.source} holds {', '.join(held_keys(keyring))}"
+
+
+def check_retire_key(keyring: Keyring, key: str) -> None:
+    """Refuse (exit 2) a KEY the keyring does not hold, and the current key: neither is a question
+    the gate may answer "open" to (an unknown key counts zero everywhere; the current key is in use)."""
+    if key not in held_keys(keyring):
+        why = " (no legacy key is configured)" if key == LEGACY_KEY else ""
+        raise KeyNotRetirable(f"key {key} is not in the keyring{why}; {describe_held(keyring)}")
+    if key == keyring.current:
+        then = "rotate the Transit key first" if keyring.server_side else "promote another key first"
+        raise KeyNotRetirable(f"key {key} is the current key; {then}")
 
 
 def application_version() -> str:

@@ -26,8 +26,9 @@ from ._files import write_atomically
 from .config import Settings, TargetSettings, pinrotate_home
 from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
+from .durability import confirm_flushed
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
-from .gate import evaluate_gate, gate_record
+from .gate import check_retire_key, evaluate_gate, gate_record, held_keys
 from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
@@ -272,18 +273,23 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
             inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
     out: dict[str, Any] = {}
     ring = ctx.keyring
-    if ring.server_side:
-        # Transit keeps its versions server-side: every older version it can still decrypt.
-        keys = [str(v) for v in range(max(1, ring.min_decryption_version or 1), ring.current_version)]
-    else:
-        keys = list(ring.ids())
-    if any(t.format == "fpc1" for t in ctx.targets):
-        keys.append(LEGACY_KEY)
-    for key in keys:
-        if key == ctx.keyring.current:
-            continue
-        report = evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()})
-        out[key] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n}}
+    # Every key `gate --retire` would answer about (Transit: every older version it still decrypts);
+    # legacy only for fpc1 targets.
+    keys = [k for k in held_keys(ring) if k != ring.current]
+    if not any(t.format == "fpc1" for t in ctx.targets):
+        keys = [k for k in keys if k != LEGACY_KEY]
+    verdicts = {key: evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()}) for key in keys}
+    durable = True
+    if any(v.open for v in verdicts.values()):
+        try:
+            with raw_connection(ctx.engine) as conn:
+                confirm_flushed(conn)
+        except DatabaseError as e:
+            # Fail closed: no key is reported free on commits that a crash could still undo.
+            log_event("gate_not_durable", level=40, run_id=ctx.run_id, error=str(e))
+            durable = False
+    for key, report in verdicts.items():
+        out[key] = {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n}}
     return out
 
 
@@ -386,18 +392,26 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
     """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict,
-    with what the change-ticket record names: database identity, keyring source, counts, scope."""
+    with what the change-ticket record names: database identity, keyring source, counts, scope.
+
+    A KEY the keyring does not hold, or the current key, is refused before the database is read
+    (``KeyNotRetirable``, exit 2). An open verdict is given only once the WAL behind every commit
+    the inventory saw is flushed (``durability.confirm_flushed``).
+    """
     check_tenant_scope(settings.targets, tenant)
     provider = build_provider(settings)
     keyring = provider.load_keyring()
+    check_retire_key(keyring, key)
     engine = make_engine(database_url(settings), pool_size=2)
     try:
         inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
-        identity = database_identity(engine)
+        report = evaluate_gate(inv, key)
+        if report.open:
+            with raw_connection(engine) as conn:
+                report.durability = confirm_flushed(conn)
+        report.database = database_identity(engine)
     finally:
         engine.dispose()
-    report = evaluate_gate(inv, key)
-    report.database = identity
     report.keyring_source = keyring.source
     report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
     report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,

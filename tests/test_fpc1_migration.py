@@ -80,6 +80,7 @@ def write_keys(path: Path, current: str = "k2", keys: dict[str, bytes] | None = 
     lines.append("[keys]\n")
     lines += [f'{k} = "{base64.b64encode(v).decode()}"\n' for k, v in keys.items()]
     path.write_text("".join(lines), encoding="utf-8")
+    path.chmod(0o600)
 
 
 def ring() -> Keyring:
@@ -608,7 +609,8 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     assert not first.open and first.blocking["HISTORICAL"] == 4
     legacy = rotation.retire_gate(settings, "legacy")
     assert not legacy.open and legacy.blocking["LEGACY"] == 3
-    assert not rotation.retire_gate(settings, "k2").open  # the active key is never free to go
+    with pytest.raises(ConfigError, match="key k2 is the current key"):  # the active key is never free to go
+        rotation.retire_gate(settings, "k2")
 
     pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")
