@@ -20,8 +20,8 @@ from psycopg import sql
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
-from pinrotate_core.formats.fpc1 import Fpc1CipherSet
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
+from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
