@@ -32,6 +32,8 @@ class _Strict(BaseModel):
 
 class DatabaseSettings(_Strict):
     url: str | None = None  # absent: embedded PostgreSQL under $PINROTATE_HOME
+    # Streaming replicas whose lag the drain watches; absent: found from pg_stat_replication.
+    replicas: tuple[str, ...] | None = None
 
 
 class VaultSettings(_Strict):
@@ -93,6 +95,21 @@ class JobSettings(_Strict):
     max_run_duration: float = Field(default=600, gt=0)
     polling_interval: int = Field(default=300, gt=0)
     single_instance: bool = False
+    # Sharing the database (issue 12; see throttle.py). No target: batch_size stays fixed.
+    batch_time_target: float | None = Field(default=None, gt=0)  # seconds per batch, lock to commit
+    batch_size_min: int = Field(default=50, gt=0)
+    batch_size_max: int = Field(default=5000, gt=0)
+    max_replica_lag: float | None = Field(default=None, gt=0)  # seconds; the drain waits above it
+    critical_replica_lag: float | None = Field(default=None, gt=0)  # seconds; the run stops (exit 4)
+    max_active_sessions: int | None = Field(default=None, gt=0)  # busy sessions; the drain waits above
+    critical_active_sessions: int | None = Field(default=None, gt=0)  # the run stops (exit 4)
+    throttle_variable: str = Field(default="pinrotate_throttle", min_length=1)  # Prefect Variable
+
+    @model_validator(mode="after")
+    def _batch_bounds(self) -> JobSettings:
+        if self.batch_size_min > self.batch_size_max:
+            raise ValueError("batch_size_min must not be above batch_size_max")
+        return self
 
 
 class MetricsSettings(_Strict):

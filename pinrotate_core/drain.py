@@ -25,7 +25,7 @@ from psycopg import sql
 
 from .config import KeysSettings
 from .db import describe_db_error, raw_connection
-from .errors import DatabaseError, KeyUnavailable
+from .errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from .formats.aesgcm import AesGcmCipherSet
 from .keyring import Keyring
 from .log import log_event
@@ -34,12 +34,14 @@ from .targets import ResolvedTarget
 
 if TYPE_CHECKING:
     from .providers import KeyProvider
+    from .throttle import Throttle
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
 STOP_DB_ERROR = "db_error"
 STOP_CANCELLED = "cancelled"
 STOP_DEADLINE = "deadline"
+STOP_THROTTLE_CRITICAL = "throttle_critical"  # issue 12 hook: a critical_* health limit was exceeded
 
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
@@ -56,6 +58,9 @@ class DrainOptions:
     on_batch: Callable[[BatchEvent], None] | None = None
     run_id: str = ""
     tenant: str | None = None  # fpc1 targets with a tenant column: only this tenant's rows
+    # Issue 12 hook (throttle.py, to be ported into the new drain): when set, it gives the batch
+    # size, waits between batches instead of inter_batch_delay, and disables the lock-ahead.
+    throttle: Throttle | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,8 @@ class DrainResult:
     @property
     def fail_closed(self) -> bool:
         """True when the run must report exit code 4 for this target."""
-        return self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR) or bool(self.failed) or self.conflicts > 0
+        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL) or bool(self.failed)
+                or self.conflicts > 0)
 
 
 @dataclass(frozen=True)
@@ -268,14 +274,14 @@ class AesGcmDrain:
         if opts.on_batch is not None:
             opts.on_batch(event)
 
-    def _fetch(self, conn: psycopg.Connection[Any], last: Any, hi: Any) -> list[tuple[Any, ...]]:
+    def _fetch(self, conn: psycopg.Connection[Any], last: Any, hi: Any, size: int | None = None) -> list[tuple[Any, ...]]:
         """BEGIN and lock the next batch after ``last`` (runs on the reader thread)."""
         params: list[Any] = [self.current]
         if last is not None:
             params.append(last)
         if hi is not None:
             params.append(hi)
-        params.append(self.options.batch_size)
+        params.append(self.options.batch_size if size is None else size)
         conn.execute("BEGIN")
         try:
             return conn.cursor(binary=True).execute(self._select(last is not None, hi is not None), params).fetchall()
@@ -295,7 +301,10 @@ class AesGcmDrain:
         opts = self.options
         t = self.target
         dry = opts.dry_run
-        early_prefetch = not opts.inter_batch_delay  # a pause between batches means: don't lock ahead
+        throttle = opts.throttle  # issue 12 hook
+        # A pause between batches (or a throttle that may wait) means: don't lock ahead.
+        early_prefetch = not opts.inter_batch_delay and throttle is None
+        size = opts.batch_size if throttle is None else throttle.batch_size  # of the batch being fetched
         reason: str | None = None
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
@@ -310,9 +319,12 @@ class AesGcmDrain:
             open_tx: psycopg.Connection[Any] | None = None
             last = lo
             try:
+                if throttle is not None:  # issue 12 hook: wait (or stop) before locking anything
+                    throttle.before_batch(opts.stop, opts.deadline, first=True)
+                    size = throttle.batch_size
                 reason = self._should_stop()
                 if reason is None:
-                    next_fetch = reader.submit(self._fetch, conns[0], last, hi)
+                    next_fetch = reader.submit(self._fetch, conns[0], last, hi, size)
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
                     started = time.perf_counter()
@@ -325,7 +337,7 @@ class AesGcmDrain:
                     if reason:
                         break  # this batch was only locked: it rolls back below
                     last = rows[-1][0]
-                    more = len(rows) == opts.batch_size
+                    more = len(rows) == size
                     if more and early_prefetch:
                         next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi)
                     plan = self._plan_batch(rows)
@@ -340,12 +352,20 @@ class AesGcmDrain:
                         pending = _Pending(writer.submit(self._write, conn, plan), worker, k + 1, len(rows), plan,
                                            started)
                         open_tx = None  # the writer owns this transaction now
+                        if throttle is not None:  # issue 12 hook: lock-to-commit time feeds the sizer
+                            pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
                     k += 1
                     if more and next_fetch is None:
-                        if opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
+                        if throttle is not None:  # issue 12 hook: the throttle paces instead of the delay
+                            throttle.before_batch(opts.stop, opts.deadline)
+                            size = throttle.batch_size
+                            reason = self._should_stop()
+                            if reason:
+                                break
+                        elif opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
                             reason = STOP_CANCELLED
                             break
-                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi)
+                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi, size)
                 if open_tx is not None:
                     open_tx.execute("ROLLBACK")
                     open_tx = None
@@ -381,6 +401,9 @@ class AesGcmDrain:
         except DatabaseError as e:
             self._fail(e, STOP_DB_ERROR, worker)
             return STOP_DB_ERROR
+        except ThrottleCritical as e:  # issue 12 hook: fail-safe stop between batches (exit 4)
+            self._fail(e, STOP_THROTTLE_CRITICAL, worker)
+            return STOP_THROTTLE_CRITICAL
         except psycopg.Error as e:
             err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
             err.__cause__ = None
@@ -506,8 +529,16 @@ def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, *, relaxed_com
         conn.execute("SET synchronous_commit = off")
 
 
+def _feeds_sizer(throttle: Throttle, started: float, rows: int) -> Callable[[Future[None]], None]:
+    """Issue 12 hook: a done-callback telling the throttle how long a committed batch held its locks."""
+    def done(future: Future[None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            throttle.batch_done(time.perf_counter() - started, rows)
+    return done
+
+
 def _first_reason(reasons: Sequence[str | None]) -> str | None:
-    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_CANCELLED, STOP_DEADLINE]
+    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE]
     present = [r for r in reasons if r]
     return min(present, key=order.index) if present else None
 

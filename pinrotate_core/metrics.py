@@ -32,6 +32,7 @@ from .log import log_event
 
 DEFAULT_PREFIX = "profile_crypto_reencrypt"
 ERROR_REASONS = ("key_unavailable", "decrypt_failed", "conflict", "db_error")
+THROTTLE_REASONS = ("lag", "load", "locks", "paused")  # why a drain waited between batches (throttle.py)
 # A run is anything from an empty no-op (~10 ms) to max_run_duration (600 s by default).
 RUN_DURATION_BUCKETS_MS = (10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
                            60_000.0, 120_000.0, 300_000.0, 600_000.0)
@@ -68,6 +69,14 @@ class RotationMetrics:
         # Pre-initialised so that alert expressions see a series (0) before the first error.
         for reason in ERROR_REASONS:
             self._errors.labels(reason=reason)
+        # Sharing the database (throttle.py): how long the drains waited, and what they saw last.
+        self._throttled = Counter(f"{prefix}_throttled_seconds_total",
+                                  "Seconds the drain waited between batches in this run, by reason.", ["reason"],
+                                  registry=None)
+        for reason in THROTTLE_REASONS:
+            self._throttled.labels(reason=reason)
+        self._batch_size: int | None = None  # absent until a drain reported one
+        self._replica_lag: float | None = None  # absent unless replica lag was measured
         self.registry.register(_Collector(self))
 
     @classmethod
@@ -98,6 +107,25 @@ class RotationMetrics:
             raise ValueError("run duration must be >= 0")
         self._run_duration.observe(ms)
 
+    def add_throttled(self, reason: str, seconds: float) -> None:
+        if reason not in THROTTLE_REASONS:
+            raise ValueError(f"unknown throttle reason; expected one of {', '.join(THROTTLE_REASONS)}")
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        self._throttled.labels(reason=reason).inc(seconds)
+
+    def set_batch_size(self, rows: int) -> None:
+        if rows < 0:
+            raise ValueError("batch size must be >= 0")
+        with self._lock:
+            self._batch_size = rows
+
+    def set_replica_lag(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("replica lag must be >= 0")
+        with self._lock:
+            self._replica_lag = seconds
+
     def set_current_key(self, key: str) -> None:
         """Export the current key as a number when it is an integer version. A key id (``fpc1``)
         is no number and must not become a label either, so the gauge is withdrawn."""
@@ -111,13 +139,14 @@ class RotationMetrics:
 
     def collect_families(self, carried_last_success: float | None = None) -> Iterator[Metric]:
         """The families of this run; ``carried_last_success`` stands in when this run did not succeed."""
-        for metric in (self._progress, self._processed, self._run_duration, self._errors):
+        for metric in (self._progress, self._processed, self._run_duration, self._errors, self._throttled):
             for family in metric.collect():
                 family.samples = [s for s in family.samples if not s.name.endswith("_created")]
                 yield family
         with self._lock:
             last_success = self._last_success if self._last_success is not None else carried_last_success
             current_key_version = self._current_key_version
+            batch_size, replica_lag = self._batch_size, self._replica_lag
         # Absent rather than 0 when unknown: a 0 timestamp would read as "last success in 1970".
         if last_success is not None:
             yield GaugeMetricFamily(f"{self.prefix}_last_success_timestamp_seconds",
@@ -126,6 +155,13 @@ class RotationMetrics:
         if current_key_version is not None:
             yield GaugeMetricFamily(f"{self.prefix}_current_key_version",
                                     "The current key version (integer versions only).", value=current_key_version)
+        if batch_size is not None:
+            yield GaugeMetricFamily(f"{self.prefix}_batch_size", "Batch size the drain used last (adaptive or fixed).",
+                                    value=batch_size)
+        if replica_lag is not None:
+            yield GaugeMetricFamily(f"{self.prefix}_replica_lag_seconds",
+                                    "Replay lag of the furthest-behind replica, last measured by the drain.",
+                                    value=replica_lag)
 
     def deliver(self, settings: MetricsSettings) -> list[str]:
         """Push to ``settings.pushgateway`` (group ``job=settings.job``) and/or write

@@ -32,6 +32,7 @@ from .log import log_event
 from .providers import KeyProvider, build_provider
 from .reencrypt import DECRYPT_FAILED
 from .targets import ResolvedTarget, resolve_target
+from .throttle import Throttle, ThrottleControlSource
 
 if TYPE_CHECKING:
     from .gate import GateReport
@@ -125,12 +126,24 @@ class RunContext:
     started: float = field(default_factory=time.monotonic)
     keyring: Keyring | None = None
     resolved: dict[str, ResolvedTarget] = field(default_factory=dict)
+    # Sharing the database (issue 12): an orchestrator's pause / tune switch, and the run's one
+    # throttle (every target and worker of the run shares it, and with it the waits it counts).
+    throttle_control: ThrottleControlSource | None = None
+    throttle: Throttle | None = None
 
     @property
     def deadline(self) -> float:
         return self.started + self.settings.job.max_run_duration
 
+    def run_throttle(self) -> Throttle:
+        if self.throttle is None:
+            self.throttle = Throttle.from_settings(self.engine, self.settings, control=self.throttle_control,
+                                                   run_id=self.run_id)
+        return self.throttle
+
     def close(self) -> None:
+        if self.throttle is not None:
+            self.throttle.close()
         self.engine.dispose()
 
 
@@ -208,7 +221,8 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     job = ctx.settings.job
     options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
-                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant)
+                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
+                           throttle=ctx.run_throttle())
     return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options, keys=ctx.settings.keys,
                         provider=ctx.provider)
 
@@ -370,6 +384,8 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
     metrics = RotationMetrics.from_settings(ctx.settings.metrics)
     record_metrics(report, metrics)
+    if ctx.throttle is not None:
+        ctx.throttle.record(metrics)
     return metrics.deliver(ctx.settings.metrics)
 
 
