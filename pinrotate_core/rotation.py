@@ -312,11 +312,15 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
 
 def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
                  expected_key: str | None = None, tenant: str | None = None,
-                 stop: threading.Event | None = None) -> RunReport:
-    """The whole run without an orchestrator: targets drained one after another, in order."""
+                 stop: threading.Event | None = None,
+                 throttle_control: ThrottleControlSource | None = None) -> RunReport:
+    """The whole run without an orchestrator: targets drained one after another, in order.
+
+    ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
     ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
     if stop is not None:
         ctx.stop = stop
+    ctx.throttle_control = throttle_control
     try:
         keyring = read_current_key(ctx)
         resolve_all(ctx)
