@@ -38,6 +38,9 @@ REASONS = (REASON_LAG, REASON_LOAD, REASON_LOCKS, REASON_PAUSED)
 APPLICATION_NAME = "pinrotate"  # how our own backends are told apart (db.make_engine sets it)
 DEFAULT_BATCH_TIME_TARGET = 0.5  # seconds, as pt-online-schema-change's --chunk-time
 POLL_INTERVAL = 0.5  # seconds between two looks at the database while waiting
+# A session blocked by us mostly waits for a batch that is committing right now: look again soon,
+# or the back-off costs more throughput than the lock did.
+LOCKS_POLL_INTERVAL = 0.02
 MAX_LAG_SAMPLES = 100_000  # (time, LSN) pairs kept while a replica is behind (~14 h at one per 0.5 s)
 REPLICA_CONNECT_TIMEOUT = 5  # seconds
 
@@ -419,7 +422,8 @@ class Throttle:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             started = time.monotonic()
-            stop.wait(self.poll_interval)
+            stop.wait(min(self.poll_interval, LOCKS_POLL_INTERVAL) if state.reason == REASON_LOCKS
+                      else self.poll_interval)
             self._count(state.reason, time.monotonic() - started)
         delay = self.last_state.control.delay
         delay = self.delay if delay is None else delay
