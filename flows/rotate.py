@@ -32,6 +32,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import Task, exponential_backoff
 
 from flows import runtime
+from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.errors import DatabaseError, KeyUnavailable
@@ -114,6 +115,8 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
     flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     ctx = rotation.open_run(settings, target_names=targets or (), dry_run=dry_run,
                             expected_key=expected_key_version, tenant=tenant, run_id=flow_run_id)
+    # Pause / tune from the Prefect UI (issue 12): a Variable read between batches.
+    ctx.throttle_control = VariableThrottleControl(settings.job.throttle_variable)
     runtime.register(ctx)
     watcher = runtime.watch_cancellation(flow_run_id, ctx.stop)
     try:

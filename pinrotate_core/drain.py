@@ -20,25 +20,29 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
 from .db import describe_db_error, raw_connection
-from .errors import DatabaseError, KeyUnavailable
+from .errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from .log import log_event
 from .schemes.base import BatchPlan, FailedRow, Scheme, Write
 from .scope import scope_condition
 from .state import NO_TENANT, StateError, database_identity, record_conflicts
 from .targets import begin_writing_batch
 
+if TYPE_CHECKING:
+    from .throttle import Throttle
+
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
 STOP_DB_ERROR = "db_error"
 STOP_CANCELLED = "cancelled"
 STOP_DEADLINE = "deadline"
+STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was exceeded (exit 4)
 
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
@@ -63,6 +67,9 @@ class DrainOptions:
     lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
     statement_timeout: float = 30.0  # seconds one statement of a batch may run
     before_write: BeforeWrite | None = None
+    # Sharing the database (throttle.py): when set, it gives the batch size, waits between batches
+    # instead of inter_batch_delay, and turns the lock-ahead off (no rows locked while it waits).
+    throttle: Throttle | None = None
 
 
 @dataclass(frozen=True)
@@ -113,8 +120,8 @@ class DrainResult:
     @property
     def fail_closed(self) -> bool:
         """True when the run must report exit code 4 for this target."""
-        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR) or bool(self.failed) or self.conflicts > 0
-                or self.state_error is not None)
+        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL) or bool(self.failed)
+                or self.conflicts > 0 or self.state_error is not None)
 
 
 def natural_id_order(row_id: str) -> tuple[int, int, str]:
@@ -223,13 +230,13 @@ class Drain:
             params.append(hi)
         return conds, params
 
-    def _select(self, lo: Any, hi: Any) -> tuple[sql.Composed, list[Any]]:
+    def _select(self, lo: Any, hi: Any, size: int) -> tuple[sql.Composed, list[Any]]:
         conds, params = self._range(lo, hi)
         lock = sql.SQL(" FOR NO KEY UPDATE SKIP LOCKED") if self._locks else sql.SQL("")
         query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s{lock}").format(
             id=self._id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=self.target.relation,
             where=sql.SQL(" AND ").join([self._where, *conds]), lock=lock)
-        return query, [*params, self.options.batch_size]
+        return query, [*params, size]
 
     def _update(self, write: Write) -> sql.Composed:
         """One set-based statement for a write; arrays are cast to base types (``varchar``, never
@@ -315,9 +322,9 @@ class Drain:
     def _should_stop(self) -> str | None:
         return stop_reason(self.options, self._stop_target)
 
-    def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any) -> list[tuple[Any, ...]]:
+    def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
         """BEGIN and read (with the lock guard: lock) the next batch after ``lo`` (reader thread)."""
-        query, params = self._select(lo, hi)
+        query, params = self._select(lo, hi, size)
         conn.execute("BEGIN")
         try:
             if not self.options.dry_run:
@@ -425,7 +432,10 @@ class Drain:
         opts = self.options
         t = self.target
         dry = opts.dry_run
-        early_prefetch = not opts.inter_batch_delay  # a pause between batches means: don't lock ahead
+        throttle = opts.throttle
+        # A pause between batches (or a throttle that may wait) means: don't lock ahead.
+        early_prefetch = not opts.inter_batch_delay and throttle is None
+        size = opts.batch_size if throttle is None else throttle.batch_size  # of the batch being fetched
         reason: str | None = None
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
@@ -440,9 +450,12 @@ class Drain:
             open_tx: psycopg.Connection[Any] | None = None
             last = lo
             try:
+                if throttle is not None:  # wait (or stop) before locking anything
+                    throttle.before_batch(opts.stop, opts.deadline, first=True)
+                    size = throttle.batch_size
                 reason = self._should_stop()
                 if reason is None:
-                    next_fetch = reader.submit(self._fetch, conns[0], last, hi)
+                    next_fetch = reader.submit(self._fetch, conns[0], last, hi, size)
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
                     started = time.perf_counter()
@@ -455,9 +468,9 @@ class Drain:
                     if reason:
                         break  # this batch was only read: it rolls back below
                     last = rows[-1][0]
-                    more = len(rows) == opts.batch_size
+                    more = len(rows) == size
                     if more and early_prefetch:
-                        next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi)
+                        next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi, size)
                     plan = self.scheme.plan(rows, self.tally.failed_ids())
                     if opts.before_write is not None:
                         opts.before_write(k + 1, [r[0] for r in rows])
@@ -472,12 +485,20 @@ class Drain:
                         pending = _Pending(writer.submit(self._write, conn, plan), worker, k + 1, len(rows), plan,
                                            started)
                         open_tx = None  # the writer owns this transaction now
+                        if throttle is not None:  # lock-to-commit time feeds the batch sizer
+                            pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
                     k += 1
                     if more and next_fetch is None:
-                        if opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
+                        if throttle is not None:  # the throttle paces instead of the fixed delay
+                            throttle.before_batch(opts.stop, opts.deadline)
+                            size = throttle.batch_size
+                            reason = self._should_stop()
+                            if reason:
+                                break
+                        elif opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
                             reason = STOP_CANCELLED
                             break
-                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi)
+                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi, size)
                 if open_tx is not None:
                     open_tx.execute("ROLLBACK")
                     open_tx = None
@@ -509,6 +530,9 @@ class Drain:
         except DatabaseError as e:
             self._fail(e, STOP_DB_ERROR, worker)
             return STOP_DB_ERROR
+        except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
+            self._fail(e, STOP_THROTTLE_CRITICAL, worker)
+            return STOP_THROTTLE_CRITICAL
         except psycopg.Error as e:
             err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
             self._fail(err, STOP_DB_ERROR, worker)
@@ -692,8 +716,16 @@ def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
         conn.execute("SET synchronous_commit = off")
 
 
+def _feeds_sizer(throttle: Throttle, started: float, rows: int) -> Callable[[Future[_Outcome]], None]:
+    """A done-callback telling the throttle how long a committed batch held its locks."""
+    def done(future: Future[_Outcome]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            throttle.batch_done(time.perf_counter() - started, rows)
+    return done
+
+
 def _first_reason(reasons: Sequence[str | None]) -> str | None:
-    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_CANCELLED, STOP_DEADLINE]
+    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE]
     present = [r for r in reasons if r]
     return min(present, key=order.index) if present else None
 

@@ -79,3 +79,10 @@ class TargetBlocked(PinrotateError):
         super().__init__(f"target {target}: {reason}")
         self.target = target
         self.reason = reason
+
+
+class ThrottleCritical(PinrotateError):
+    """A ``critical_*`` limit of the database's health was exceeded: the run stops fail-safe (exit 4).
+
+    Raised between batches, so the open batch has committed or rolled back already.
+    """

@@ -40,6 +40,7 @@ from .log import log_event
 
 DEFAULT_PREFIX = "profile_crypto_reencrypt"
 ERROR_REASONS = ("key_unavailable", "decrypt_failed", "conflict", "db_error")
+THROTTLE_REASONS = ("lag", "load", "locks", "paused")  # why a drain waited between batches (throttle.py)
 # A run is anything from an empty no-op (~10 ms) to max_run_duration (600 s by default).
 RUN_DURATION_BUCKETS_MS = (10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
                            60_000.0, 120_000.0, 300_000.0, 600_000.0)
@@ -79,6 +80,14 @@ class RotationMetrics:
         # Pre-initialised so that alert expressions see a series (0) before the first error.
         for reason in ERROR_REASONS:
             self._errors.labels(reason=reason)
+        # Sharing the database (throttle.py): how long the drains waited, and what they saw last.
+        self._throttled = Counter(f"{prefix}_throttled_seconds_total",
+                                  "Seconds the drain waited between batches in this run, by reason.", ["reason"],
+                                  registry=self.registry)
+        for reason in THROTTLE_REASONS:
+            self._throttled.labels(reason=reason)
+        self._batch_size: int | None = None  # absent until a drain reported one
+        self._replica_lag: float | None = None  # absent unless replica lag was measured
         self.registry.register(_RunFacts(self))
 
     @classmethod
@@ -108,6 +117,25 @@ class RotationMetrics:
         if ms < 0:
             raise ValueError("run duration must be >= 0")
         self._run_duration.observe(ms)
+
+    def add_throttled(self, reason: str, seconds: float) -> None:
+        if reason not in THROTTLE_REASONS:
+            raise ValueError(f"unknown throttle reason; expected one of {', '.join(THROTTLE_REASONS)}")
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        self._throttled.labels(reason=reason).inc(seconds)
+
+    def set_batch_size(self, rows: int) -> None:
+        if rows < 0:
+            raise ValueError("batch size must be >= 0")
+        with self._lock:
+            self._batch_size = rows
+
+    def set_replica_lag(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("replica lag must be >= 0")
+        with self._lock:
+            self._replica_lag = seconds
 
     def set_current_key(self, key: str) -> None:
         """Export the current key as a number when it is an integer version. A key id (``fpc1``)
@@ -180,6 +208,14 @@ class _RunFacts(Collector):
         m = self._metrics
         with m._lock:
             last_success, key_version = m._last_success, m._current_key_version
+            batch_size, replica_lag = m._batch_size, m._replica_lag
+        if batch_size is not None:
+            yield GaugeMetricFamily(f"{m.prefix}_batch_size", "Batch size the drain used last (adaptive or fixed).",
+                                    value=batch_size)
+        if replica_lag is not None:
+            yield GaugeMetricFamily(f"{m.prefix}_replica_lag_seconds",
+                                    "Replay lag of the furthest-behind replica, last measured by the drain.",
+                                    value=replica_lag)
         if last_success is not None:
             yield GaugeMetricFamily(*_last_success_names(m.prefix), value=last_success)
         if key_version is not None:

@@ -36,6 +36,7 @@ from .providers import KeyProvider, build_provider
 from .schemes import build_scheme, check_keyring
 from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
 from .targets import resolve_target
+from .throttle import Throttle, ThrottleControlSource
 
 if TYPE_CHECKING:
     from .gate import GateReport
@@ -129,12 +130,32 @@ class RunContext:
     started: float = field(default_factory=time.monotonic)
     keyring: Keyring | None = None
     schemes: dict[str, Scheme] = field(default_factory=dict)
+    # Sharing the database (issue 12): an orchestrator's pause / tune switch, and the run's one
+    # throttle (every target and worker of the run shares it, and with it the waits it counts).
+    throttle_control: ThrottleControlSource | None = None
+    throttle: Throttle | None = None
 
     @property
     def deadline(self) -> float:
         return self.started + self.settings.job.max_run_duration
 
+    @property
+    def throttled(self) -> bool:
+        """Does anything pace this run's batches (adaptive size, health limits, an operator's switch)?"""
+        job = self.settings.job
+        return (self.throttle_control is not None or job.adaptive_batch_target is not None
+                or any(v is not None for v in (job.max_replica_lag, job.critical_replica_lag,
+                                               job.max_active_sessions, job.critical_active_sessions)))
+
+    def run_throttle(self) -> Throttle:
+        if self.throttle is None:
+            self.throttle = Throttle.from_settings(self.engine, self.settings, control=self.throttle_control,
+                                                   run_id=self.run_id)
+        return self.throttle
+
     def close(self) -> None:
+        if self.throttle is not None:
+            self.throttle.close()
         self.engine.dispose()
 
 
@@ -228,7 +249,8 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
                            stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
-                           lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout)
+                           lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
+                           throttle=ctx.run_throttle() if ctx.throttled else None)
     return drain_target(ctx.engine, ctx.schemes[name], options)
 
 
@@ -315,11 +337,15 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
 
 def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
                  expected_key: str | None = None, tenant: str | None = None,
-                 stop: threading.Event | None = None) -> RunReport:
-    """The whole run without an orchestrator: targets drained one after another, in order."""
+                 stop: threading.Event | None = None,
+                 throttle_control: ThrottleControlSource | None = None) -> RunReport:
+    """The whole run without an orchestrator: targets drained one after another, in order.
+
+    ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
     ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
     if stop is not None:
         ctx.stop = stop
+    ctx.throttle_control = throttle_control
     try:
         keyring = read_current_key(ctx)
         resolve_all(ctx)
@@ -387,6 +413,8 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
     metrics = RotationMetrics.from_settings(ctx.settings.metrics)
     record_metrics(report, metrics)
+    if ctx.throttle is not None:
+        ctx.throttle.record(metrics)
     return metrics.deliver(ctx.settings.metrics)
 
 
