@@ -10,6 +10,7 @@ them. Keys are random TEST keys made here; nothing is mocked.
 
 from __future__ import annotations
 
+import abc
 import base64
 import secrets
 import uuid
@@ -113,7 +114,7 @@ def target_settings(scheme: str, rule: str) -> dict[str, Any]:
 # -- one scheme: its keys, its values, its settings ------------------------------------------------
 
 
-class World:
+class World(abc.ABC):
     """What differs between schemes: how values are made and read back, and the keys' names."""
 
     scheme: str
@@ -125,17 +126,21 @@ class World:
     run_counts_values: bool = False
     inventory_counts_values: bool = False
 
+    @abc.abstractmethod
     def encrypt(self, old: list[bytes], current: list[bytes]) -> tuple[list[Any], list[Any]]:
-        raise NotImplementedError
+        """Stored values of the plaintexts: ``old`` on the old key, ``current`` on the current one."""
 
+    @abc.abstractmethod
     def decrypt(self, row: dict[str, Any], column: str) -> bytes:
-        raise NotImplementedError
+        """The plaintext of ``row[column]``, read with whatever key it names."""
 
+    @abc.abstractmethod
     def key_of(self, row: dict[str, Any], column: str) -> str:
-        raise NotImplementedError
+        """The key that ``row[column]`` is on, as the inventory names it."""
 
+    @abc.abstractmethod
     def settings(self, database_url: str, target: dict[str, Any]) -> Settings:
-        raise NotImplementedError
+        """Settings for one target over this scheme's keys."""
 
 
 def write_keys_file(path: Path, current: str, keys: dict[str, bytes]) -> None:
