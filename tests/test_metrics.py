@@ -26,7 +26,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pinrotate_core.config import MetricsSettings
-from pinrotate_core.metrics import DEFAULT_PREFIX, ERROR_REASONS, RUN_DURATION_BUCKETS_MS, RotationMetrics
+from pinrotate_core.metrics import (
+    DEFAULT_PREFIX,
+    ERROR_REASONS,
+    RUN_DURATION_BUCKETS_MS,
+    THROTTLE_REASONS,
+    RotationMetrics,
+)
 
 PUSHGATEWAY = "prometheus-pushgateway"
 P = DEFAULT_PREFIX
@@ -191,6 +197,9 @@ def _expected_run_samples(prefix: str = P) -> Samples:
         _key(f"{prefix}_last_success_timestamp_seconds"): 1_700_000_000.0,
         _key(f"{prefix}_current_key_version"): 2.0,
     }
+    # Seconds the drains waited between batches, by reason: pre-initialised at 0 like the errors.
+    for reason in THROTTLE_REASONS:
+        expected[_key(f"{prefix}_throttled_seconds_total", reason=reason)] = 0.0
     for le in RUN_DURATION_BUCKETS_MS:
         expected[_key(f"{prefix}_run_duration_ms_bucket", le=_le(le))] = 1.0 if le >= 1234.5 else 0.0
     expected[_key(f"{prefix}_run_duration_ms_bucket", le="+Inf")] = 1.0
@@ -300,6 +309,9 @@ def test_labels_and_values_carry_only_target_names_and_reasons(pushgateway: Push
         elif name.endswith("_errors_total"):
             assert label_names == {"reason"}
             assert dict(labels)["reason"] in ERROR_REASONS
+        elif name.endswith("_throttled_seconds_total"):
+            assert label_names == {"reason"}
+            assert dict(labels)["reason"] in THROTTLE_REASONS
         else:
             assert label_names == set(), name
     assert not any(name.endswith("_created") for name, _ in scraped)
