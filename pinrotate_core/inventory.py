@@ -176,7 +176,7 @@ def capacity_blocker(conn: psycopg.Connection[Any], scheme: Scheme, tenant: str 
         if worst > limit:
             return (f"column {column.name} is {column.sql_type}, too narrow: re-encrypted under key "
                     f"{scheme.current_key} its values need up to {worst} characters "
-                    "(widen it; pinrotate never runs DDL)")
+                    "(widen it; pinrotate never changes the application's schema)")
     return None
 
 

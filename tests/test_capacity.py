@@ -47,7 +47,7 @@ def drain_without_capacity_check(settings: Settings, expected_key: str | None = 
 
 
 def rows_of(conn: psycopg.Connection[Any], table: str) -> list[tuple[Any, ...]]:
-    return conn.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()  # noqa: S608 - a test table name
+    return conn.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
 
 
 # --- vault-transit: v9 -> v10 ------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_transit_values_that_gain_a_version_digit_block_a_tight_varchar_and_are_
     inv = rotation.inventory(settings).targets["Notes"]
     assert inv.counts["BLOCKED"] == 1
     assert inv.blocked_reason == (f"column body is character varying({width}), too narrow: re-encrypted under key 10 "
-                                  f"its values need up to {width + 1} characters (widen it; pinrotate never runs DDL)")
+                                  f"its values need up to {width + 1} characters (widen it; pinrotate never changes the application's schema)")
     gate = rotation.retire_gate(settings, "9")
     assert not gate.open and gate.blocking["BLOCKED"] == 1
     for dry_run in (False, True):

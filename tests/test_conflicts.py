@@ -29,7 +29,7 @@ from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.schemes.fpc1 import parse_fpc1
 from pinrotate_core.state import CREATE_SQL, conflicts_table_exists
 
-from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, fpc1, forge_settings, write_keys
+from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, forge_settings, fpc1, write_keys
 
 # --- a second run in another process ----------------------------------------------------------------
 
