@@ -31,7 +31,7 @@ from .errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from .log import log_event
 from .schemes.base import BatchPlan, FailedRow, Scheme, Write
 from .scope import scope_condition
-from .state import NO_TENANT, StateError, database_identity, record_conflicts
+from .state import NO_TENANT, StateError, record_conflicts
 from .targets import begin_writing_batch
 
 if TYPE_CHECKING:
@@ -619,37 +619,36 @@ class Drain:
             result.retryable = bool(getattr(tally.error, "retryable", isinstance(tally.error, DatabaseError)))
 
     def _finish(self, result: DrainResult) -> None:
-        """Make the batches durable, recount the backlog, save CONFLICT counts for the gate."""
-        identity: str | None = None
+        """Make the batches durable, recount the backlog, record CONFLICT counts for the gate."""
+        reached = False
         try:
             with raw_connection(self.engine) as conn:
                 if result.reencrypted:
                     durability_barrier(conn)
                 result.backlog_remaining = self.count_backlog(conn)
+                reached = True
                 if self.scheme.guard == "cas":
-                    identity = database_identity(conn)
+                    try:
+                        record_conflicts(conn, self.target.name, result.conflicts_by_tenant,
+                                         tenant_scope=self.options.tenant, complete=result.stopped is None,
+                                         run_id=self.options.run_id)
+                    except StateError as e:
+                        result.state_error = str(e)
         except (psycopg.Error, DatabaseError) as e:
             # Without the barrier the last batches may not be on disk yet: the run must not
             # report success (a gate opened on it could be undone by a crash).
-            result.backlog_remaining = result.backlog_before - result.reencrypted
+            if not reached:
+                result.backlog_remaining = result.backlog_before - result.reencrypted
             if result.stopped is None:
                 result.stopped, result.retryable = STOP_DB_ERROR, True
                 result.error = (str(e) if isinstance(e, DatabaseError) else
                                 f"target {self.target.name}: could not confirm the batches are durable "
                                 f"({describe_db_error(e)})")
-        if self.scheme.guard != "cas":
-            return
-        if identity is None:
-            result.state_error = "the CONFLICT counts could not be saved: the database was unreachable"
-        else:
-            try:
-                record_conflicts(identity, self.target.name, result.conflicts_by_tenant,
-                                 tenant_scope=self.options.tenant, complete=result.stopped is None,
-                                 run_id=self.options.run_id)
-            except StateError as e:
-                result.state_error = str(e)
+        if self.scheme.guard == "cas" and not reached:
+            result.state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
         if result.state_error is not None:
             # Fail closed: a gate that cannot see this run's conflicts must not open on its word.
+            result.error = result.error or f"target {self.target.name}: {result.state_error}"
             log_event("state_not_saved", level=40, run_id=self.options.run_id or None, target=self.target.name,
                       error=result.state_error)
 

@@ -4,7 +4,8 @@ One inventory for every scheme: it streams (or, where the scheme can name each v
 counts in the database) the values of every row, splits them by THE scope rule into in scope and
 EXCLUDED, and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
 value to find the ones that do not (FAILED). Counts and locations only (contract §6): never a
-value. Never writes, never runs DDL.
+value. Never writes, never runs DDL (CONFLICTs recorded by runs are read from ``pinrotate.conflicts``
+when it exists: ``state.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .keyring import Keyring
 from .schemes import build_scheme
 from .schemes.base import CATEGORIES, LEGACY_KEY, Scheme, ValueClass
 from .scope import scope_condition
-from .state import StateError, database_identity, last_conflicts
+from .state import StateError, last_conflicts
 from .targets import ResolvedTarget, resolve_target
 
 FETCH_ROWS = 5000
@@ -144,7 +145,7 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
         inv.extra["transit_rows_behind_key_version"] = int(row[0]) if row else 0
     if scheme.guard == "cas":
         try:
-            inv.counts["CONFLICT"] = last_conflicts(database_identity(conn), t.name, tenant=tenant)
+            inv.counts["CONFLICT"] = last_conflicts(conn, t.name, tenant=tenant)
         except StateError as e:
             inv.block(str(e))  # fail closed: conflicts we cannot read might exist
             return inv
@@ -175,7 +176,7 @@ def capacity_blocker(conn: psycopg.Connection[Any], scheme: Scheme, tenant: str 
         if worst > limit:
             return (f"column {column.name} is {column.sql_type}, too narrow: re-encrypted under key "
                     f"{scheme.current_key} its values need up to {worst} characters "
-                    "(widen it; pinrotate never runs DDL)")
+                    "(widen it; pinrotate never changes the application's schema)")
     return None
 
 

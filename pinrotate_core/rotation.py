@@ -35,6 +35,7 @@ from .log import log_event
 from .providers import KeyProvider, build_provider
 from .schemes import build_scheme, check_keyring
 from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
+from .state import StateError, ensure_conflicts_table
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 
@@ -235,6 +236,12 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
                 if reason is not None:
                     raise TargetBlocked(t.name, reason)
                 ctx.schemes[t.name] = scheme
+            if not ctx.dry_run and any(s.guard == "cas" for s in ctx.schemes.values()):
+                # Where this run records its CONFLICTs for the gate, made before the first write:
+                # a role that may not create it is refused here, with nothing written.
+                ensure_conflicts_table(conn)
+    except StateError as e:
+        raise RefusedToStart(f"{e}; nothing was touched") from None
     except TargetBlocked as e:
         raise ConfigError(f"{e}; nothing was touched") from None
     except psycopg.Error as e:

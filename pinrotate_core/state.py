@@ -1,138 +1,140 @@
-"""Facts of the last run that the database cannot show: the CONFLICT counts of ``fpc1`` targets.
+"""Facts of the last runs that the target tables cannot show: the CONFLICT counts of ``fpc1`` targets.
 
-One JSON file per database under ``$PINROTATE_HOME/state/``, named by a hash of the database's
-address (user, host, port, database; never a password), changed under a file lock and replaced
-atomically. It holds counts, target names and tenants only: never a value, key or URL.
+They live in the database itself, in pinrotate's one bookkeeping table ``pinrotate.conflicts``
+(target, tenant, count, run id, time), so that a gate on any host sees what a run on another host
+left. pinrotate creates that schema and table on first use and never touches any other schema.
+It holds counts, target names and tenants only: never a value, key or URL.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import time
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
 
-from ._files import exclusive_lock, write_atomically
-from .config import pinrotate_home
+from .db import describe_db_error
 from .errors import PinrotateError
 
-STATE_VERSION = 1
-NO_TENANT = ""  # the tenant key of targets without a tenant column (and of rows whose tenant is NULL)
+NO_TENANT: Final = ""  # the tenant key of targets without a tenant column (and of rows whose tenant is NULL)
+SCHEMA: Final = "pinrotate"
+TABLE: Final = "conflicts"
+QUALIFIED: Final = f"{SCHEMA}.{TABLE}"
+_TABLE = sql.Identifier(SCHEMA, TABLE)
+# Serialises pinrotate's writers of the table (creation included) across processes and hosts.
+_LOCK_KEY: Final = "pinrotate.conflicts"
+
+# The whole DDL pinrotate ever runs (docs/reference.md, "The pinrotate.conflicts table").
+CREATE_SQL: Final = sql.SQL(
+    "CREATE SCHEMA IF NOT EXISTS {schema}; "
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    " target text NOT NULL,"
+    " tenant text NOT NULL,"
+    " conflicts integer NOT NULL CHECK (conflicts > 0),"
+    " run_id text NOT NULL,"
+    " recorded_at timestamptz NOT NULL DEFAULT now(),"
+    " PRIMARY KEY (target, tenant))"
+).format(schema=sql.Identifier(SCHEMA), table=_TABLE)
 
 
 class StateError(PinrotateError):
-    """The state folder or file cannot be read or written."""
+    """The CONFLICT records cannot be read or written."""
 
 
-def database_identity(conn: psycopg.Connection[Any]) -> str:
-    """The address a connection reached, without password: ``user@host:port/dbname``.
-
-    Taken from the live connection (not the configured URL) so that every spelling of one URL,
-    and the CLI, the flow and the tests, land on the same state file.
-    """
-    info = conn.info
-    return f"{info.user}@{info.host}:{info.port}/{info.dbname}"
+def _role(conn: psycopg.Connection[Any]) -> str:
+    return conn.info.user or "?"
 
 
-def state_dir(home: Path | None = None) -> Path:
-    return (pinrotate_home() if home is None else home) / "state"
+def conflicts_table_exists(conn: psycopg.Connection[Any]) -> bool:
+    """Is there a ``pinrotate.conflicts`` table? Read from the catalog, which every role may read
+    (``to_regclass`` would fail on a schema the role may not use)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p'))", (SCHEMA, TABLE)).fetchone()
+    return bool(row and row[0])
 
 
-def state_path(identity: str, home: Path | None = None) -> Path:
-    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:32]
-    return state_dir(home) / f"conflicts-{digest}.json"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def ensure_conflicts_table(conn: psycopg.Connection[Any]) -> None:
+    """Create ``pinrotate.conflicts`` unless it exists (in its own transaction; ``conn`` is in
+    autocommit mode). StateError with the privilege to grant when the role may not."""
     try:
-        with exclusive_lock(path):
-            yield
-    except OSError as e:
-        raise StateError(f"cannot lock the state file in {path.parent} ({e.strerror})") from None
+        if conflicts_table_exists(conn):
+            return  # CREATE SCHEMA IF NOT EXISTS would still ask for CREATE on the database
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
+            if not conflicts_table_exists(conn):
+                conn.execute(CREATE_SQL)
+    except pg_errors.InsufficientPrivilege:
+        raise StateError(
+            f"role {_role(conn)} may not create {QUALIFIED}, where pinrotate records CONFLICTs for the gate: "
+            f"GRANT CREATE ON DATABASE {conn.info.dbname} TO {_role(conn)}, or create it ahead "
+            "(docs/reference.md, \"The pinrotate.conflicts table\")") from None
+    except psycopg.Error as e:
+        raise StateError(f"cannot create {QUALIFIED} ({describe_db_error(e)})") from None
 
 
-def _read(path: Path) -> dict[str, dict[str, int]]:
-    """``{target: {tenant: conflicts}}``; a missing file is an empty state."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        # Fail closed: an unreadable state must not read as "no conflicts".
-        raise StateError(f"state file {path} cannot be read ({type(e).__name__}); it was left as it is") from None
-    targets = raw.get("targets") if isinstance(raw, dict) else None
-    if not isinstance(targets, dict):
-        raise StateError(f"state file {path} is malformed; it was left as it is")
-    out: dict[str, dict[str, int]] = {}
-    for name, entry in targets.items():
-        tenants = entry.get("conflicts") if isinstance(entry, dict) else None
-        if not isinstance(tenants, dict) or not all(isinstance(n, int) for n in tenants.values()):
-            raise StateError(f"state file {path} is malformed (target {name}); it was left as it is")
-        out[str(name)] = {str(t): int(n) for t, n in tenants.items() if n > 0}
-    return out
-
-
-def _write(path: Path, state: Mapping[str, Mapping[str, int]], meta: Mapping[str, Mapping[str, Any]]) -> None:
-    doc = {"version": STATE_VERSION,
-           "targets": {name: {"conflicts": dict(sorted(tenants.items())), **meta.get(name, {})}
-                       for name, tenants in sorted(state.items()) if tenants}}
-    try:
-        write_atomically(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    except OSError as e:
-        raise StateError(f"cannot write the state file {path} ({e.strerror})") from None
-
-
-def _read_meta(path: Path) -> dict[str, dict[str, Any]]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    targets = raw.get("targets", {}) if isinstance(raw, dict) else {}
-    return {n: {k: v for k, v in e.items() if k != "conflicts"} for n, e in targets.items() if isinstance(e, dict)}
-
-
-def record_conflicts(identity: str, target: str, by_tenant: Mapping[str, int], *, tenant_scope: str | None,
-                     complete: bool, run_id: str = "", home: Path | None = None) -> None:
-    """Store the CONFLICT counts of one non-dry run of ``target``.
+def record_conflicts(conn: psycopg.Connection[Any], target: str, by_tenant: Mapping[str, int], *,
+                     tenant_scope: str | None, complete: bool, run_id: str = "") -> None:
+    """Store the CONFLICT counts of one non-dry run of ``target`` (one transaction, flushed to disk
+    before it returns: a gate must never miss a conflict a crash could lose).
 
     A complete run replaces what it covered: all tenants (``tenant_scope`` None) or its one tenant,
     so a later clean run clears earlier conflicts. A run that stopped early saw only part of the
-    target: it adds what it found and clears nothing.
+    target: it clears nothing, and a tenant's count becomes the larger of the stored one and its own
+    (the conflicts it did not revisit may still stand).
     """
-    path = state_path(identity, home)
-    with _locked(path):
-        state = _read(path)
-        meta = _read_meta(path)
-        current = dict(state.get(target, {}))
-        found = {t: n for t, n in by_tenant.items() if n > 0}
-        if not complete:
-            current.update(found)
-        elif tenant_scope is None:
-            current = found
-        else:
-            current.pop(tenant_scope, None)
-            if found.get(tenant_scope):
-                current[tenant_scope] = found[tenant_scope]
-        if current == state.get(target, {}) and not found:
-            return  # nothing to add or clear: leave the file alone
-        state[target] = current
-        meta[target] = {"run_id": run_id, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _write(path, state, meta)
+    found = {t: n for t, n in by_tenant.items() if n > 0}
+    try:
+        if not found and not conflicts_table_exists(conn):
+            return  # nothing to add, and nothing was ever recorded to clear
+        ensure_conflicts_table(conn)
+        with conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
+            if complete and tenant_scope is None:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(_TABLE), (target,))
+            elif complete:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s AND tenant = %s").format(_TABLE),
+                             (target, tenant_scope))
+                found = {t: n for t, n in found.items() if t == tenant_scope}
+            for tenant, n in sorted(found.items()):
+                conn.execute(sql.SQL(
+                    "INSERT INTO {t} (target, tenant, conflicts, run_id) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (target, tenant) DO UPDATE SET conflicts = GREATEST({t}.conflicts, "
+                    "EXCLUDED.conflicts), run_id = EXCLUDED.run_id, recorded_at = now()").format(t=_TABLE),
+                    (target, tenant, n, run_id))
+    except StateError:
+        raise
+    except pg_errors.InsufficientPrivilege:
+        raise StateError(f"role {_role(conn)} may not write {QUALIFIED}: GRANT SELECT, INSERT, UPDATE, DELETE "
+                         f"ON {QUALIFIED} TO {_role(conn)} (and USAGE ON SCHEMA {SCHEMA})") from None
+    except psycopg.Error as e:
+        raise StateError(f"cannot record the CONFLICTs of target {target} in {QUALIFIED} "
+                         f"({describe_db_error(e)})") from None
 
 
-def last_conflicts(identity: str, target: str, *, tenant: str | None = None, home: Path | None = None) -> int:
-    """CONFLICT count of ``target`` left by the last runs: one tenant's, or every tenant's."""
-    path = state_path(identity, home)
-    if not path.exists():
-        return 0
-    with _locked(path):
-        tenants = _read(path).get(target, {})
-    if tenant is None:
-        return sum(tenants.values())
-    return tenants.get(tenant, 0)
+def last_conflicts(conn: psycopg.Connection[Any], target: str, *, tenant: str | None = None) -> int:
+    """CONFLICT count of ``target`` left by the last runs: one tenant's, or every tenant's.
+
+    No table: no run ever had a conflict to record (a run creates it before its first write). A
+    table this role may not read is a StateError: conflicts we cannot see might exist.
+    """
+    query = sql.SQL("SELECT coalesce(sum(conflicts), 0) FROM {} WHERE target = %s").format(_TABLE)
+    params: list[Any] = [target]
+    if tenant is not None:
+        query += sql.SQL(" AND tenant = %s")
+        params.append(tenant)
+    try:
+        if not conflicts_table_exists(conn):
+            return 0
+        with conn.transaction():  # a savepoint when the caller has a transaction open
+            row = conn.execute(query, params).fetchone()
+    except pg_errors.InsufficientPrivilege:
+        raise StateError(f"role {_role(conn)} may not read {QUALIFIED}, so CONFLICTs recorded by runs cannot be "
+                         f"counted: GRANT SELECT ON {QUALIFIED} TO {_role(conn)} (and USAGE ON SCHEMA "
+                         f"{SCHEMA})") from None
+    except psycopg.Error as e:
+        raise StateError(f"cannot read {QUALIFIED} ({describe_db_error(e)})") from None
+    return int(row[0]) if row else 0

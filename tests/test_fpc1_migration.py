@@ -33,7 +33,6 @@ from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.base import ValueClass
 from pinrotate_core.schemes.fpc1 import Fpc1CipherSet, classify_value, length_after, parse_fpc1
 from pinrotate_core.scope import live_condition
-from pinrotate_core.state import state_dir
 
 from .helpers import assert_secret_free
 
@@ -343,9 +342,11 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     assert not gate.open and gate.blocking["CONFLICT"] == 1
     assert sum(gate.blocking.values()) == 1
 
-    # The state file holds counts and names only.
-    text = "".join(p.read_text(encoding="utf-8") for p in state_dir(pinrotate_home).glob("conflicts-*.json"))
-    assert DC in text
+    # The record lives in the database (pinrotate.conflicts), counts and names only; no file.
+    rows = pg_conn.execute("SELECT target, tenant, conflicts, run_id FROM pinrotate.conflicts").fetchall()
+    assert [r[:3] for r in rows] == [(DC, "1", 1)]
+    text = repr(rows)
+    assert not list(pinrotate_home.glob("state/*"))
     assert_secret_free(text, app_value, database_url, *forge.stored_values(),
                        *(p.decode() for p in forge.plain.values()), K1, K2, LEGACY)
 
