@@ -93,6 +93,10 @@ class JobSettings(_Strict):
     max_run_duration: float = Field(default=600, gt=0)
     polling_interval: int = Field(default=300, gt=0)
     single_instance: bool = False
+    # Where the drain tasks run: threads of the flow's process, or Dask worker processes (an
+    # existing cluster at dask_address, else a local cluster of max_degree_of_parallelism processes).
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = None
 
 
 class MetricsSettings(_Strict):
