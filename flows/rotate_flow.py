@@ -93,6 +93,7 @@ class _Shard:
     id_range: tuple[Any, Any] | None
     rows: int
     result: DrainResult | None = None
+    worker: str = ""
 
 
 class ShardDrains:
@@ -121,7 +122,9 @@ class ShardDrains:
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
-            return result_from_dict(future.result(raise_on_failure=True))
+            doc = future.result(raise_on_failure=True)
+            shard.worker = str(doc.get("worker", ""))
+            return result_from_dict(doc)
         except Exception as e:  # noqa: BLE001 - whatever ended the task (a lost worker, an abort), the shard is not done
             if stop.is_set():
                 # Cancelling: the API refuses to start new task runs; the shard's rows stay for the next run.
@@ -141,8 +144,8 @@ class ShardDrains:
 
     def rows(self) -> list[dict[str, Any]]:
         """Per-shard counts for the report table (names and counts only)."""
-        return [{"target": s.target, "shard": s.shard, **{k: v for k, v in rotation.target_report(s.result).items()
-                                                          if k != "failed_rows"}}
+        return [{"target": s.target, "shard": s.shard, "worker": s.worker,
+                 **{k: v for k, v in rotation.target_report(s.result).items() if k != "failed_rows"}}
                 for s in self.shards if s.result is not None]
 
 

@@ -44,6 +44,8 @@ def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
         return ThreadPoolTaskRunner(max_workers=min(job.max_degree_of_parallelism, MAX_THREADS))
     from prefect_dask.task_runners import DaskTaskRunner
 
+    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if job.dask_address:
         return DaskTaskRunner(address=job.dask_address)
     env = {"PREFECT_API_URL": api_url} if api_url else {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -253,7 +255,8 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         # Rows an earlier attempt moved were counted there; the backlog is what the last attempt saw.
         merged.backlog_before = attempts[0].backlog_before
         merged.backlog_remaining = attempts[-1].backlog_remaining
-    return {**result_as_dict(merged), "shard": shard}
+    # Where it ran (host:pid), for the per-shard table: names a process, never data.
+    return {**result_as_dict(merged), "shard": shard, "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 
 @task(name="verify", persist_result=False, cache_policy=NO_CACHE)
