@@ -28,12 +28,13 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pinrotate_core import presets
+from flows import presets
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes import build_scheme
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.targets import resolve_target
 
 PERSON = {"name": "Person", "table": "profile.persons", "key_version": "key_version",
@@ -77,7 +78,7 @@ def _parallel_run(url: str, keys_path: str, batch_size: int, out: multiprocessin
     engine = make_engine(url, pool_size=5)
     with raw_connection(engine) as conn:
         target = resolve_target(conn, settings.targets[0])
-    out.put(drain_target(engine, target, ring, DrainOptions(batch_size=batch_size)).reencrypted)
+    out.put(drain_target(engine, build_scheme(target, ring, settings.keys), DrainOptions(batch_size=batch_size)).reencrypted)
     engine.dispose()
 
 
@@ -159,7 +160,7 @@ def main() -> int:
         options = DrainOptions(batch_size=args.batch_size, workers=args.workers)
         with RssSampler() as rss:
             t0 = time.perf_counter()
-            result = drain_target(engine, target, ring2, options)
+            result = drain_target(engine, build_scheme(target, ring2, settings.keys), options)
             drain_s = time.perf_counter() - t0
         assert result.backlog_remaining == 0 and not result.failed, result
         drain_rate = result.reencrypted / drain_s

@@ -31,6 +31,7 @@ from pinrotate_core.config import VaultSettings, settings_from_mapping
 from pinrotate_core.db import make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target
 from pinrotate_core.providers.vault import DEFAULT_TRANSIT_ITEMS_PER_REQUEST, VaultTransitKeyProvider
+from pinrotate_core.schemes import build_scheme
 from pinrotate_core.targets import resolve_target
 from tests.vault_server import BaoAdmin, BaoDevServer
 
@@ -105,8 +106,8 @@ def bench_transit(rows: int, batch_sizes: list[int], *, workers: int = 1) -> lis
             with raw_connection(engine) as conn:
                 target = resolve_target(conn, settings.targets[0])
             t0 = time.perf_counter()
-            result = drain_target(engine, target, keyring, DrainOptions(batch_size=batch_size, workers=workers),
-                                  provider=provider)
+            result = drain_target(engine, build_scheme(target, keyring, settings.keys, provider),
+                                  DrainOptions(batch_size=batch_size, workers=workers))
             drain_s = time.perf_counter() - t0
             if result.reencrypted != rows or result.backlog_remaining or result.stopped:
                 raise RuntimeError(f"transit drain incomplete at batch {batch_size}: {result.error}")

@@ -9,17 +9,19 @@ logs to stderr. Exit codes: 0 ok, 1 unexpected, 2 usage/configuration/refusal, 3
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
-from flows.reports import emit, fail, gate_report, inventory_report, run_report
+from flows.reports import emit, fail, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
+from pinrotate_core.gate import check_ticket
 from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "demo", "keys")
@@ -33,7 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m flows.rotate",
         description="Rotate the keys of encrypted PII columns: re-encrypt, verify, and prove an old key can go.",
         epilog="Exit codes: 0 done, 1 unexpected error, 2 usage/configuration error or refusal to start, "
@@ -60,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--tenant", metavar="T")
     gate.add_argument("--shallow", action="store_true",
                       help="skip decrypting every value (faster; FAILED is then not checked)")
+    gate.add_argument("--ticket", metavar="T",
+                      help="change ticket: write a value-free JSON record of the verdict to keep with it")
+    gate.add_argument("--record", metavar="PATH",
+                      help="where to write the record (default: $PINROTATE_HOME/records/gate-KEY-T-TIME.json)")
 
     demo = sub.add_parser("demo", help="embedded PostgreSQL, fresh keys, sample data, then a rotation")
     _common(demo)
@@ -83,12 +89,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+class UsageError(Exception):
+    """A command line argparse refuses; ``message`` is its one-line reason, ``usage`` the usage text."""
+
+    def __init__(self, usage: str, message: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is raised (so that ``--json`` can answer it on stdout), not printed."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.format_usage(), f"{self.prog}: {message}")
+
+
+# Options every command takes, accepted before the command as well as after it.
+GLOBAL_FLAGS = ("--json",)
+GLOBAL_WITH_VALUE = ("--config",)
+
+
+def hoist_global_options(argv: Sequence[str]) -> list[str]:
+    """``[--config X] [--json] [COMMAND ...]`` as ``COMMAND ... --config X --json``, ``run`` when no
+    command is given: argparse only reads a subcommand's options after the subcommand."""
     argv = list(argv)
+    leading: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in GLOBAL_FLAGS or any(arg.startswith(opt + "=") for opt in GLOBAL_WITH_VALUE):
+            leading.append(arg)
+            i += 1
+        elif arg in GLOBAL_WITH_VALUE:
+            leading += argv[i:i + 2]
+            i += 2
+        else:
+            break
+    rest = argv[i:]
     # No command means `run`: `python -m flows.rotate --json` is `run --json`.
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["run", *argv]
-    ns = build_parser().parse_args(argv)
+    if not rest or (rest[0].startswith("-") and rest[0] not in ("-h", "--help")):
+        rest = ["run", *rest]
+    if rest[0] in ("-h", "--help"):
+        return [*leading, *rest]
+    return [*rest, *leading]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line; raises ``UsageError`` (never exits) when argparse refuses it."""
+    ns = build_parser().parse_args(hoist_global_options(argv))
     ns.config = getattr(ns, "config", None)
     ns.json = getattr(ns, "json", False)
     return ns
@@ -102,8 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         ns = parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+    except SystemExit as e:  # argparse: --help
         return int(e.code or 0)
+    except UsageError as e:
+        sys.stderr.write(e.usage)
+        sys.stderr.write(f"pinrotate: error: {e.message}\n")
+        if "--json" in argv:
+            sys.stdout.write(json.dumps({"error": e.message, "exit_code": rotation.EXIT_CONFIG}) + "\n")
+        return rotation.EXIT_CONFIG
     configure_stderr_logging()
     try:
         if ns.command == "run":
@@ -204,9 +259,25 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
 
 
 def cmd_gate(ns: argparse.Namespace) -> int:
+    ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
     report = rotation.retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow)
-    emit(ns, report.as_dict(), gate_report(report.as_dict()))
+    d = report.as_dict()
+    if report.open:
+        human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
+        if report.durability.get("wal_flush_lsn"):
+            human += f"\n(what it read is on disk: WAL flushed to {report.durability['wal_flush_lsn']})"
+    else:
+        blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
+        human = f"gate for key {report.key}: CLOSED ({blocking})"
+    excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
+    if excluded:
+        human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"
+    if ticket is not None or ns.record is not None:
+        path = rotation.write_gate_record(report, ticket=ticket, path=ns.record)
+        d["record"] = str(path)
+        human += f"\nrecord for ticket {ticket or '-'} written to {path} (counts and names only, no value or key)"
+    emit(ns, d, human)
     return rotation.EXIT_OK if report.open else rotation.EXIT_GATE_CLOSED
 
 

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import tomli_w
 
+from flows import presets
 from flows.reports import demo_report, emit, fail
-from pinrotate_core import presets, rotation
+from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
 from pinrotate_core.errors import ConfigError
@@ -79,7 +81,7 @@ def run(ns: argparse.Namespace) -> int:
         raw["keys"] = keys_settings
         raw["job"] = {**raw.get("job", {}), "batch_size": 1000, "inter_batch_delay": 0}
         config_path = sandbox / "pinrotate.toml"
-        config_path.write_text(_to_toml(raw), encoding="utf-8")
+        config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, source=str(config_path))
 
         from flows.rotate_flow import run_flow
@@ -157,32 +159,3 @@ def _wait_for_vault(addr: str, proc: subprocess.Popen[bytes], timeout: float = 3
         except OSError:
             time.sleep(0.2)
     raise ConfigError("demo --keys vault: the local bao dev server did not become ready")
-
-
-def _to_toml(data: dict[str, Any]) -> str:
-    """A small TOML writer for the demo's generated configuration (strings, numbers, lists, tables)."""
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
-        raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-    out: list[str] = []
-    for section, body in data.items():
-        if section == "targets":
-            continue
-        out.append(f"[{section}]")
-        out += [f"{k} = {value(v)}" for k, v in body.items()]
-        out.append("")
-    for target in data.get("targets", []):
-        out.append("[[targets]]")
-        out += [f"{k} = {value(v)}" for k, v in target.items()]
-        out.append("")
-    return "\n".join(out)

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from pinrotate_core.drain import STOP_DB_ERROR, STOP_KEY_UNAVAILABLE
+from pinrotate_core.drain import STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL
 
 INVENTORY_CATEGORIES = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "EXCLUDED", "FAILED",
                         "CONFLICT", "BLOCKED")
@@ -71,7 +71,7 @@ def fail_closed_summary(d: dict[str, Any]) -> str:
     """Which targets failed closed and why, by name and count only (never a row id or a value)."""
     parts = []
     for name, t in d["targets"].items():
-        if t.get("stopped") in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR):
+        if t.get("stopped") in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL):
             parts.append(f"{name} stopped ({t['stopped']})")
         if t["failed"]:
             parts.append(f"{name}: {t['failed']} rows left unchanged")
@@ -110,19 +110,6 @@ def inventory_report(d: dict[str, Any], *, deep: bool) -> str:
         lines.append(f"{'':<22}by key: {by_key or '-'}"
                      + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
     return "\n".join(lines)
-
-
-def gate_report(d: dict[str, Any]) -> str:
-    if d["open"]:
-        human = f"gate for key {d['key']}: OPEN. Nothing in scope references it; it may be destroyed."
-    else:
-        blocking = ", ".join(f"{c}={n}" for c, n in d["blocking"].items() if n)
-        human = f"gate for key {d['key']}: CLOSED ({blocking})"
-    excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
-    if excluded:
-        human += (f"\nnote: {excluded} out-of-scope rows still reference key {d['key']}; "
-                  "destroying it crypto-erases them")
-    return human
 
 
 def demo_report(d: dict[str, Any]) -> str:

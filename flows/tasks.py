@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import socket
 import threading
@@ -36,14 +35,22 @@ from tenacity import (
 
 from flows import reports
 from flows.runtime import cancellation_watch
+from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.db import database_url, make_engine
-from pinrotate_core.drain import STOP_CANCELLED, STOP_DB_ERROR, STOP_DEADLINE, STOP_KEY_UNAVAILABLE, DrainResult
+from pinrotate_core.drain import (
+    STOP_CANCELLED,
+    STOP_DB_ERROR,
+    STOP_DEADLINE,
+    STOP_KEY_UNAVAILABLE,
+    STOP_THROTTLE_CRITICAL,
+    DrainResult,
+    natural_id_order,
+)
 from pinrotate_core.errors import DatabaseError, KeyUnavailable, RefusedToStart
-from pinrotate_core.inventory import take_inventory
 from pinrotate_core.log import configure_stderr_logging
-from pinrotate_core.reencrypt import FailedRow
+from pinrotate_core.schemes.base import FailedRow
 
 DRAIN_ATTEMPTS = 4  # a retryable stop (an outage) is tried again with backoff, inside the task
 SAMPLE_IDS = 64
@@ -79,6 +86,8 @@ def opened(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers:
     if spec.deadline is not None:
         # The deadline is wall-clock time shared by every process; the drain counts in monotonic time.
         ctx.started = time.monotonic() + (spec.deadline - time.time()) - settings.job.max_run_duration
+    # Pause / tune from the Prefect UI (issue 12): a Prefect Variable, read between batches.
+    ctx.throttle_control = VariableThrottleControl(settings.job.throttle_variable)
     try:
         keyring = rotation.read_current_key(ctx, announce=announce)
         if spec.current_key is not None and keyring.current != spec.current_key:
@@ -93,26 +102,21 @@ def opened(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers:
 # -- results as plain dicts -----------------------------------------------------------------------------
 
 def result_as_dict(r: DrainResult) -> dict[str, Any]:
-    """A drain result as plain data (it crosses processes); its class is named, never pickled."""
+    """A drain result as plain data: it crosses processes (and may cross machines)."""
     d = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
     d["failed"] = [f.as_dict() for f in r.failed]
     d["sample_ids"] = list(r.sample_ids)
-    d["result_class"] = f"{type(r).__module__}:{type(r).__qualname__}"
     return d
 
 
 def result_from_dict(d: dict[str, Any]) -> DrainResult:
-    module, _, name = str(d.get("result_class", "pinrotate_core.drain:DrainResult")).partition(":")
-    cls = getattr(importlib.import_module(module), name, None) if module.startswith("pinrotate_core.") else None
-    if not (isinstance(cls, type) and issubclass(cls, DrainResult)):
-        cls = DrainResult
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(DrainResult)}
     values = {k: v for k, v in d.items() if k in known}
     values["failed"] = [FailedRow(f["target"], f["id"], tuple(f["columns"]), f["reason"]) for f in d["failed"]]
-    return cls(**values)
+    return DrainResult(**values)
 
 
-_STOP_ORDER = (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_CANCELLED, STOP_DEADLINE)
+_STOP_ORDER = (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
 
 
 def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
@@ -133,7 +137,7 @@ def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
             for rows in values:
                 for row in rows:
                     by_id.setdefault((row.id, row.reason), row)
-            merged.failed = sorted(by_id.values(), key=_row_order)
+            merged.failed = sorted(by_id.values(), key=lambda row: (natural_id_order(row.id), row.reason))
         elif f.name == "sample_ids":
             merged.sample_ids = list(dict.fromkeys(i for ids in values for i in ids))[:SAMPLE_IDS]
         elif f.name == "stopped":
@@ -155,11 +159,6 @@ def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
         else:  # an optional message (error, state_error): the first one
             setattr(merged, f.name, next((v for v in values if v), None))
     return merged
-
-
-def _row_order(row: FailedRow) -> tuple[int, str, str]:
-    """Ids in numeric order when they are numbers (1, 2, 10, not 1, 10, 2)."""
-    return (int(row.id), "", row.reason) if row.id.lstrip("-").isdigit() else (0, row.id, row.reason)
 
 
 def stopped_result(target: str, spec: RunSpec, exc: BaseException, stopped: str, rows: int = 0) -> DrainResult:
@@ -193,18 +192,14 @@ def read_current_key(spec: RunSpec) -> str:
 
 @task(name="plan_shards", persist_result=False, cache_policy=NO_CACHE)
 def plan_shards(spec: RunSpec, shards_per_target: int) -> list[dict[str, Any]]:
-    """The shards of every target, in the configured order: ``{target, shard, id_range, rows}``.
-
-    ``rows`` is the shard's backlog at the start (the progress artifact's total).
-    """
+    """The shards of every target, in the configured order: ``{target, shard, id_range, rows}``, where
+    ``id_range`` is ``(lo, hi]`` (None: open) and ``rows`` the shard's backlog at the start."""
     with opened(spec) as ctx:
-        assert ctx.keyring is not None
-        inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
         plan = []
         for t in ctx.targets:
-            counts = inv.targets[t.name].counts if t.name in inv.targets else {}
-            backlog = counts.get("HISTORICAL", 0) + counts.get("LEGACY", 0)
-            plan.append({"target": t.name, "shard": "1/1", "id_range": None, "rows": backlog})
+            ranges = rotation.plan_shards(ctx, t.name, shards_per_target)
+            plan += [{"target": t.name, "shard": f"{i}/{len(ranges)}", "id_range": id_range, "rows": rows}
+                     for i, (id_range, rows) in enumerate(ranges, start=1)]
         return plan
 
 
@@ -225,7 +220,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
-                result = rotation.drain(ctx, target, workers=1)
+                result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None))
         except RefusedToStart as e:
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:

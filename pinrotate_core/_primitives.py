@@ -1,4 +1,4 @@
-"""Raw cipher primitives, all from ``cryptography``. Private: only the formats module imports this.
+"""Raw cipher primitives, all from ``cryptography``. Private: only the schemes import this.
 
 Nothing here knows about keyrings, columns or databases; nothing here ever logs.
 """

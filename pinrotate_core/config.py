@@ -1,7 +1,8 @@
 """``pinrotate.toml``: read, overlay environment variables, validate in full before anything runs.
 
-Every error is one line naming the setting (``job.batch_size``), never echoing a value: a database
-URL or a token may sit in the same file. A bad configuration touches nothing (exit code 2).
+Every error is one line naming the setting (``job.batch_size``) and, for an environment variable,
+where it came from; never a value: a database URL or a token may sit in the same file. A bad
+configuration touches nothing (exit code 2). Types are strict: ``batch_size = "200"`` is refused.
 """
 
 from __future__ import annotations
@@ -9,35 +10,67 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .errors import ConfigError
 
 DEFAULT_CONFIG_NAME = "pinrotate.toml"
 TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 FORMATS = ("aesgcm", "fpc1", "vault-transit")
+# Forge's own default for its bootstrap keyring (design 003), used when provider = "forge".
+FORGE_BOOTSTRAP_FILE = "~/.forge/secrets/crypto.properties"
+# When neither batch_size nor batch_time_target is set, batches adapt towards this many seconds.
+DEFAULT_BATCH_TIME_TARGET = 0.5
 
 
 def pinrotate_home() -> Path:
     return Path(os.environ.get("PINROTATE_HOME", "~/.pinrotate")).expanduser()
 
 
+def env(name: str, *variables: str) -> AliasChoices:
+    """The setting ``name`` in the file, or any of the environment ``variables`` (which win)."""
+    return AliasChoices(name, *variables)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a TOML string is no number and no boolean; environment strings are converted first.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class DatabaseSettings(_Strict):
-    url: str | None = None  # absent: embedded PostgreSQL under $PINROTATE_HOME
+    url: str | None = Field(default=None, validation_alias=env("url", "PINROTATE_DATABASE_URL"))  # absent: embedded
+    # absent: the primary's standbys, found from pg_stat_replication; [] checks no replica at all.
+    replicas: tuple[str, ...] | None = Field(default=None, strict=False)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_urls(cls, urls: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for i, url in enumerate(urls or ()):
+            if not re.match(r"postgres(ql)?(\+psycopg)?://", url):
+                raise ValueError(f"entry {i} is not a postgresql:// URL")
+        return urls
 
 
 class VaultSettings(_Strict):
-    addr: str | None = None
-    token: str | None = Field(default=None, repr=False)
-    namespace: str | None = None
+    addr: str | None = Field(default=None, validation_alias=env("addr", "VAULT_ADDR"))
+    token: str | None = Field(default=None, repr=False, validation_alias=env("token", "VAULT_TOKEN"))
+    namespace: str | None = Field(default=None, validation_alias=env("namespace", "VAULT_NAMESPACE"))
     auth: Literal["token", "approle", "kubernetes"] = "token"
     role_id: str | None = None
     secret_id: str | None = Field(default=None, repr=False)
@@ -50,7 +83,7 @@ class VaultSettings(_Strict):
     transit_mount: str = "transit"
     key: str | None = None  # transit key name
     verify: bool = True
-    ca_cert: str | None = None
+    ca_cert: str | None = Field(default=None, validation_alias=env("ca_cert", "VAULT_CACERT"))
     timeout: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
@@ -63,12 +96,18 @@ class VaultSettings(_Strict):
 
 
 class KeysSettings(_Strict):
-    provider: Literal["file", "env", "k8s-dir", "vault-kv", "vault-transit"] = "file"
-    file: str | None = None  # default $PINROTATE_HOME/keys.toml
-    dir: str | None = None  # k8s-dir: mounted Secret folder
-    write_versioned: bool = True
-    legacy_read_enabled: bool = False
+    provider: Literal["file", "env", "k8s-dir", "vault-kv", "vault-transit", "forge"] = Field(
+        default="file", validation_alias=env("provider", "PINROTATE_KEYS_PROVIDER"))
+    # default: $PINROTATE_HOME/keys.toml; for provider "forge" Forge's own bootstrap file
+    file: str | None = Field(default=None, validation_alias=env("file", "PINROTATE_KEYS_FILE"))
+    dir: str | None = Field(default=None, validation_alias=env("dir", "PINROTATE_KEYS_DIR"))  # k8s-dir: the Secret folder
+    write_versioned: bool = Field(default=True, validation_alias=env("write_versioned", "PINROTATE_WRITE_VERSIONED"))
+    legacy_read_enabled: bool = Field(default=False, validation_alias=env("legacy_read_enabled",
+                                                                  "PINROTATE_LEGACY_READ_ENABLED"))
     legacy_format: Literal["aesgcm-b64", "aes-ecb-b64"] = "aesgcm-b64"
+    # The only integrity check an aes-ecb-b64 value has: "utf8" counts a value only when its
+    # plaintext is valid UTF-8; "bytes" accepts any plaintext whose padding is valid.
+    legacy_plaintext: Literal["utf8", "bytes"] = "utf8"
     vault: VaultSettings = VaultSettings()
 
     @model_validator(mode="after")
@@ -79,51 +118,114 @@ class KeysSettings(_Strict):
             raise ValueError("provider \"vault-kv\" needs keys.vault.path")
         if self.provider == "vault-transit" and not self.vault.key:
             raise ValueError("provider \"vault-transit\" needs keys.vault.key")
+        # forge: Forge's own write-versioned / legacy-read-enabled decide, as for Forge's migration
+        # endpoint; a second, possibly different, value here would only mislead.
+        fixed = sorted({"write_versioned", "legacy_read_enabled"} & self.model_fields_set)
+        if self.provider == "forge" and fixed:
+            raise ValueError(f"{fixed[0]} cannot be set with provider \"forge\": it comes from Forge's"
+                             f" forge.crypto.persistence.{fixed[0].replace('_', '-')}")
         return self
 
     @property
     def file_path(self) -> Path:
-        return Path(self.file).expanduser() if self.file else pinrotate_home() / "keys.toml"
+        if self.file:
+            return Path(self.file).expanduser()
+        if self.provider == "forge":
+            return Path(os.environ.get("FORGE_CRYPTO_BOOTSTRAP_FILE") or FORGE_BOOTSTRAP_FILE).expanduser()
+        return pinrotate_home() / "keys.toml"
+
+
+def _seconds(default: float | None, variable: str, name: str, *, ge: float | None = None) -> Any:
+    """A duration in seconds (> 0 unless ``ge`` says otherwise), overridable by ``variable``."""
+    limits = {"ge": ge} if ge is not None else {"gt": 0}
+    return Field(default=default, validation_alias=env(name, variable), **limits)
 
 
 class JobSettings(_Strict):
-    batch_size: int = Field(default=200, gt=0)
-    max_degree_of_parallelism: int = Field(default=1, ge=1, le=64)
-    inter_batch_delay: float = Field(default=0.2, ge=0)
-    max_run_duration: float = Field(default=600, gt=0)
-    polling_interval: int = Field(default=300, gt=0)
-    single_instance: bool = False
-    # Where the drain tasks run: threads of the flow's process, or Dask worker processes (an
-    # existing cluster at dask_address, else a local cluster of max_degree_of_parallelism processes).
-    task_runner: Literal["threads", "dask"] = "threads"
-    dask_address: str | None = None
+    batch_size: int = Field(default=200, gt=0, validation_alias=env("batch_size", "PINROTATE_BATCH_SIZE"))
+    max_degree_of_parallelism: int = Field(default=1, ge=1, le=64, validation_alias=env(
+        "max_degree_of_parallelism", "PINROTATE_MAX_DEGREE_OF_PARALLELISM"))
+    inter_batch_delay: float = _seconds(0.2, "PINROTATE_INTER_BATCH_DELAY", "inter_batch_delay", ge=0)
+    max_run_duration: float = _seconds(600, "PINROTATE_MAX_RUN_DURATION", "max_run_duration")
+    polling_interval: int = Field(default=300, gt=0, validation_alias=env("polling_interval", "PINROTATE_POLLING_INTERVAL"))
+    single_instance: bool = Field(default=False, validation_alias=env("single_instance", "PINROTATE_SINGLE_INSTANCE"))
+    task_runner: Literal["threads", "dask"] = Field(default="threads", validation_alias=env("task_runner",
+                                                                                   "PINROTATE_TASK_RUNNER"))
+    # An existing Dask cluster's scheduler; absent: a local cluster of max_degree_of_parallelism processes.
+    dask_address: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9+]*://\S+$",
+                                     validation_alias=env("dask_address", "PINROTATE_DASK_ADDRESS"))
+    # Adaptive batches: the batch size moves within [batch_size_min, batch_size_max] so that one
+    # batch takes about this long. See adaptive_batch_target for when it applies.
+    batch_time_target: float | None = _seconds(None, "PINROTATE_BATCH_TIME_TARGET", "batch_time_target")
+    batch_size_min: int = Field(default=50, gt=0, validation_alias=env("batch_size_min", "PINROTATE_BATCH_SIZE_MIN"))
+    batch_size_max: int = Field(default=5000, gt=0, validation_alias=env("batch_size_max", "PINROTATE_BATCH_SIZE_MAX"))
+    # Back-pressure: the drain waits between batches while a replica lags more than this or more
+    # sessions than this are active; beyond the critical_* levels the run stops (exit 4).
+    max_replica_lag: float | None = _seconds(None, "PINROTATE_MAX_REPLICA_LAG", "max_replica_lag")
+    max_active_sessions: int | None = Field(default=None, gt=0, validation_alias=env("max_active_sessions",
+                                                                            "PINROTATE_MAX_ACTIVE_SESSIONS"))
+    critical_replica_lag: float | None = _seconds(None, "PINROTATE_CRITICAL_REPLICA_LAG", "critical_replica_lag")
+    critical_active_sessions: int | None = Field(default=None, gt=0, validation_alias=env(
+        "critical_active_sessions", "PINROTATE_CRITICAL_ACTIVE_SESSIONS"))
+    # Per batch transaction (SET LOCAL lock_timeout / statement_timeout).
+    lock_timeout: float = _seconds(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout")
+    statement_timeout: float = _seconds(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout")
+    # The Prefect Variable an operator sets to slow down or pause running drains.
+    throttle_variable: str = Field(default="pinrotate_throttle", pattern=r"^[a-z0-9_-]{1,255}$",
+                                   validation_alias=env("throttle_variable", "PINROTATE_THROTTLE_VARIABLE"))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSettings:
+        if self.batch_size_min > self.batch_size_max:
+            raise ValueError("batch_size_min must not be greater than batch_size_max")
+        if self.dask_address and self.task_runner != "dask":
+            raise ValueError("dask_address is only used with task_runner = \"dask\"")
+        for level in ("replica_lag", "active_sessions"):
+            wait, stop = getattr(self, f"max_{level}"), getattr(self, f"critical_{level}")
+            if wait is not None and stop is not None and stop <= wait:
+                raise ValueError(f"critical_{level} must be greater than max_{level}")
+        return self
+
+    @property
+    def adaptive_batch_target(self) -> float | None:
+        """Seconds per batch that adaptive batching aims for; None: fixed batches of batch_size.
+
+        batch_time_target set: adaptive. Neither it nor batch_size set: adaptive, 0.5 s.
+        Only batch_size set: fixed, as before adaptive batches existed.
+        """
+        if self.batch_time_target is not None:
+            return self.batch_time_target
+        return None if "batch_size" in self.model_fields_set else DEFAULT_BATCH_TIME_TARGET
+
+    @property
+    def first_batch_size(self) -> int:
+        """The size of the first batch: batch_size, kept within the adaptive bounds when adaptive."""
+        if self.adaptive_batch_target is None:
+            return self.batch_size
+        return min(max(self.batch_size, self.batch_size_min), self.batch_size_max)
 
 
 class MetricsSettings(_Strict):
     prefix: str = Field(default="profile_crypto_reencrypt", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-    pushgateway: str | None = None
-    textfile: str | None = None
+    pushgateway: str | None = Field(default=None, validation_alias=env("pushgateway", "PINROTATE_METRICS_PUSHGATEWAY"))
+    textfile: str | None = Field(default=None, validation_alias=env("textfile", "PINROTATE_METRICS_TEXTFILE"))
     job: str = "pinrotate"  # Pushgateway grouping key
 
 
 class TargetSettings(_Strict):
-    name: str
+    name: str = Field(pattern=f"^{TARGET_NAME.pattern}$")
     table: str
     id: str = "id"
     key_version: str | None = None
-    columns: tuple[str, ...] = Field(min_length=1)
+    columns: tuple[str, ...] = Field(min_length=1, strict=False)
     format: Literal["aesgcm", "fpc1", "vault-transit"] = "aesgcm"
-    require_not_null: tuple[str, ...] = ()
+    require_not_null: tuple[str, ...] = Field(default=(), strict=False)
     tenant: str | None = None
     soft_delete: str | None = None
-    json_paths: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not TARGET_NAME.fullmatch(v):
-            raise ValueError("must match [A-Za-z0-9_.-]{1,64}")
-        return v
+    json_paths: dict[str, Annotated[tuple[str, ...], Strict(False)]] = Field(default_factory=dict)
+    # UPDATE triggers on the table: "block" the target (default), "disable" them for each batch
+    # (session_replication_role = replica), or let them "fire" and accept their side effects.
+    triggers: Literal["block", "disable", "fire"] = "block"
 
     @field_validator("table")
     @classmethod
@@ -155,12 +257,16 @@ class TargetSettings(_Strict):
         return self.table.split(".")[-1]
 
 
-class Settings(_Strict):
+class Settings(BaseSettings):
+    # Built by load_settings/settings_from_mapping from explicit sources, never from the
+    # process environment behind the caller's back.
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, strict=True)
+
     database: DatabaseSettings = DatabaseSettings()
     keys: KeysSettings = KeysSettings()
     job: JobSettings = JobSettings()
     metrics: MetricsSettings = MetricsSettings()
-    targets: tuple[TargetSettings, ...] = Field(min_length=1)
+    targets: tuple[TargetSettings, ...] = Field(min_length=1, strict=False)
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Settings:
@@ -177,26 +283,50 @@ class Settings(_Strict):
         raise ConfigError(f"--target {name}: no such target (have: {', '.join(t.name for t in self.targets)})")
 
 
-# Environment variables that override single settings: (section, key) paths.
-_ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
-    "PINROTATE_DATABASE_URL": ("database", "url"),
-    "PINROTATE_KEYS_PROVIDER": ("keys", "provider"),
-    "PINROTATE_KEYS_FILE": ("keys", "file"),
-    "PINROTATE_KEYS_DIR": ("keys", "dir"),
-    "PINROTATE_WRITE_VERSIONED": ("keys", "write_versioned"),
-    "PINROTATE_LEGACY_READ_ENABLED": ("keys", "legacy_read_enabled"),
-    "PINROTATE_BATCH_SIZE": ("job", "batch_size"),
-    "PINROTATE_MAX_DEGREE_OF_PARALLELISM": ("job", "max_degree_of_parallelism"),
-    "PINROTATE_INTER_BATCH_DELAY": ("job", "inter_batch_delay"),
-    "PINROTATE_MAX_RUN_DURATION": ("job", "max_run_duration"),
-    "PINROTATE_SINGLE_INSTANCE": ("job", "single_instance"),
-    "PINROTATE_METRICS_PUSHGATEWAY": ("metrics", "pushgateway"),
-    "PINROTATE_METRICS_TEXTFILE": ("metrics", "textfile"),
-    "VAULT_ADDR": ("keys", "vault", "addr"),
-    "VAULT_TOKEN": ("keys", "vault", "token"),
-    "VAULT_NAMESPACE": ("keys", "vault", "namespace"),
-    "VAULT_CACERT": ("keys", "vault", "ca_cert"),
-}
+def _env_settings(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
+                                                                                         FieldInfo, str]]:
+    """(setting path, field, variable) for every setting an environment variable may override."""
+    for name, field in model.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices):
+            for variable in field.validation_alias.choices[1:]:
+                yield (*path, name), field, str(variable)
+        elif isinstance(field.default, BaseModel):
+            yield from _env_settings(type(field.default), (*path, name))
+
+
+class EnvironmentSource(PydanticBaseSettingsSource):
+    """The environment variables named in the settings' ``AliasChoices``, as nested settings.
+
+    Their strings are converted by the setting's own type first, so that the strict model takes
+    ``PINROTATE_BATCH_SIZE=50`` while the file's ``batch_size = "50"`` stays refused. An empty
+    variable overrides nothing. ``origins`` maps each overridden setting to its variable.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str], source: str) -> None:
+        super().__init__(settings_cls)
+        self.environ, self.source = environ, source
+        self.origins: dict[tuple[str, ...], str] = {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything happens in __call__: settings are nested
+
+    def __call__(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for path, field, variable in _env_settings(self.settings_cls):
+            text = self.environ.get(variable)
+            if not text:
+                continue
+            try:
+                value = TypeAdapter(field.annotation or str).validate_strings(text)
+            except ValidationError as e:
+                where = f"{'.'.join(path)} (from {variable})"
+                raise ConfigError(f"{self.source}: {where}: {_message(e.errors(include_input=False)[0])}") from None
+            node = data
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+            self.origins[path] = variable
+        return data
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str] | None = None) -> Path:
@@ -219,7 +349,7 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             )
         raise ConfigError(f"configuration file not found: {cfg_path}")
     try:
-        raw = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        raw = TomlConfigSettingsSource(Settings, toml_file=cfg_path)()
     except tomllib.TOMLDecodeError as e:
         # tomllib's message carries line and column, not the offending text.
         raise ConfigError(f"{cfg_path}: not valid TOML ({e})") from None
@@ -230,24 +360,25 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
 
 def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
                           source: str = "configuration") -> Settings:
-    env = os.environ if env is None else env
-    data = _deep_copy(raw)
-    origins: dict[tuple[str, ...], str] = {}
-    for var, where in _ENV_OVERRIDES.items():
-        value = env.get(var)
-        if value is None or value == "":
-            continue
-        node = data
-        for part in where[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{source}: {'.'.join(where[:-1])} must be a table")
-        node[where[-1]] = value
-        origins[where] = var
+    environment = EnvironmentSource(Settings, os.environ if env is None else env, source)
+    data = _overlay(raw, environment(), source)
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source}: {describe_validation_error(e, origins)}") from None
+        raise ConfigError(f"{source}: {describe_validation_error(e, environment.origins)}") from None
+
+
+def _overlay(base: Mapping[str, Any], top: Mapping[str, Any], source: str, path: str = "") -> dict[str, Any]:
+    """``base`` with ``top`` laid over it, table by table (new dicts: ``base`` stays as it was)."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping):
+            below = merged.get(key, {})
+            if not isinstance(below, Mapping):
+                raise ConfigError(f"{source}: {path}{key} must be a table")
+            value = _overlay(below, value, source, f"{path}{key}.")
+        merged[key] = value
+    return merged
 
 
 def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None) -> str:
@@ -256,25 +387,21 @@ def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ..
     A setting that came from an environment variable is named with it, so the operator looks there
     and not in the file.
     """
-    parts = []
-    for err in e.errors(include_url=False, include_input=False):
-        loc = ""
-        for item in err["loc"]:
-            loc += f"[{item}]" if isinstance(item, int) else (f".{item}" if loc else str(item))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        elif err["type"] == "missing":
-            msg = "required setting is missing"
-        var = (origins or {}).get(tuple(str(i) for i in err["loc"]))
-        parts.append(f"{loc or 'configuration'}{f' (from {var})' if var else ''}: {msg}")
-    more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
-    return parts[0] + more
+    errors = e.errors(include_url=False, include_input=False)
+    err = errors[0]
+    loc = ""
+    for item in err["loc"]:
+        loc += f"[{item}]" if isinstance(item, int) else (f".{item}" if loc else str(item))
+    var = (origins or {}).get(tuple(str(i) for i in err["loc"]))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc or 'configuration'}{f' (from {var})' if var else ''}: {_message(err)}{more}"
 
 
-def _deep_copy(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {k: _deep_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_deep_copy(v) for v in obj]
-    return obj
+def _message(err: Any) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown setting"
+    if err["type"] == "missing":
+        return "required setting is missing"
+    if err["type"] == "string_pattern_mismatch":
+        return f"must match {err['ctx']['pattern'].strip('^$')}"
+    return str(err["msg"]).removeprefix("Value error, ")

@@ -7,6 +7,7 @@ parameters and results; everything else goes through the engine. Never logs a UR
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from .config import Settings, pinrotate_home
-from .errors import ConfigError, DatabaseError
+from .errors import ConfigError, DatabaseError, DatabaseUnavailable
 
 
 def embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
@@ -61,23 +62,53 @@ def redacted(url: str) -> str:
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
-    return sa.create_engine(
+    engine = sa.create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=2,
         pool_pre_ping=True,
+        # raw_connection() rolls back and resets itself; the pool's own reset on a connection that
+        # died in an outage would only log a traceback.
+        pool_reset_on_return=None,
         connect_args={"application_name": "pinrotate"},
     )
+    where = engine.url
+
+    @sa.event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        # Every new connection of the pool, whoever asked for it (the pool raises the driver's
+        # error unwrapped): one error that names where, never how (no password).
+        try:
+            return psycopg.connect(*cargs, **cparams)
+        except psycopg.OperationalError as e:
+            raise unavailable(where, e) from None
+
+    return engine
+
+
+# Refusals that trying again cannot cure: a wrong user, password or database. (libpq reports the
+# server's FATAL at connection time as text only, without a SQLSTATE.)
+_PERMANENT = re.compile(r"does not exist|authentication failed|pg_hba\.conf|permission denied|not permitted")
+
+
+def unavailable(url: sa.URL, error: psycopg.OperationalError) -> DatabaseUnavailable:
+    """``cannot connect to database "profile" on db:5432 as user "app": <the server's reason>``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = next((ln for ln in lines if "failed: " in ln), lines[0] if lines else type(error).__name__)
+    reason = reason.rsplit("failed: ", 1)[-1].removeprefix("FATAL:").strip() or type(error).__name__
+    if url.password:
+        reason = reason.replace(str(url.password), "***")
+    host = url.host or url.query.get("host") or "localhost"  # ?host=/run/postgresql: a unix socket
+    return DatabaseUnavailable(
+        f'cannot connect to database "{url.database or "(default)"}" on {host}:{url.port or 5432}'
+        f' as user "{url.username or "(default)"}": {reason}', retryable=not _PERMANENT.search(reason))
 
 
 @contextlib.contextmanager
 def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A psycopg connection from the pool, in autocommit mode so that every batch is an explicit
     ``with conn.transaction():`` block; handed back to the pool in its default state."""
-    try:
-        proxied = engine.raw_connection()
-    except sa.exc.OperationalError as e:
-        raise DatabaseError(f"cannot connect to the database ({describe_db_error(e.orig)})") from None
+    proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
     try:
         conn = proxied.driver_connection
         assert isinstance(conn, psycopg.Connection)
@@ -104,3 +135,33 @@ def describe_db_error(exc: BaseException | None) -> str:
         state = exc.sqlstate or "no sqlstate"
         return f"{type(exc).__name__}, SQLSTATE {state}"
     return type(exc).__name__ if exc is not None else "unknown error"
+
+
+def database_identity(engine: sa.Engine) -> dict[str, Any]:
+    """Which database a report speaks of: the cluster's system identifier (unique per initdb, kept
+    by physical replicas), database name, server address and version. Names and numbers only."""
+    identity: dict[str, Any] = {"system_identifier": None, "database": None, "host": None, "port": None,
+                                "server_version": None}
+    url = engine.url
+    socket_dir = url.query.get("host")
+    identity["host"] = url.host or (socket_dir if isinstance(socket_dir, str) else None) or "local socket"
+    identity["port"] = url.port
+    with raw_connection(engine) as conn:
+        try:
+            row = conn.execute("SELECT current_database(), inet_server_addr()::text, inet_server_port(),"
+                               " current_setting('server_version')").fetchone()
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
+        if row is not None:
+            identity["database"] = row[0]
+            identity["server_address"] = row[1]  # None over a unix socket
+            identity["port"] = row[2] or identity["port"]
+            identity["server_version"] = row[3]
+        try:
+            sysid = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+            identity["system_identifier"] = sysid[0] if sysid else None
+        except psycopg.errors.InsufficientPrivilege:
+            identity["system_identifier"] = "not readable by this role (EXECUTE on pg_control_system)"
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
+    return identity

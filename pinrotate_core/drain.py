@@ -1,10 +1,13 @@
-"""The batch drain: move every row of a target from older keys to the current key.
+"""The batch drain: move every in-scope value of a target from older keys to the current key.
 
-Per target: keyset pagination by id (``id > last``), ``FOR UPDATE SKIP LOCKED``, one set-based
-binary UPDATE per batch, one transaction per batch, workers owning disjoint id ranges, then sweeps
-from the start for rows that were locked by someone else. A provider failure rolls the open batch
-back and stops the target; a row that does not decrypt is left unchanged and reported. It never
-touches a row on a newer key, and never writes anything but the cipher and key-version columns.
+One pipeline for every scheme: keyset pagination by id (``id > last``) over the rows the scheme
+calls stale and the scope rule admits, one transaction per batch, the scheme's write guard (rows
+locked ``FOR NO KEY UPDATE SKIP LOCKED``, or compare-and-swap on the values read), set-based
+writes, workers owning disjoint id ranges, sweeps for rows that were locked by someone else, stop
+rules between batches, and a durability barrier before it reports. A provider failure rolls the
+open batch back and stops the target; a value that does not decrypt is left unchanged and
+reported. It never writes anything but the cipher columns (and the key-version column), and never
+a row out of scope.
 """
 
 from __future__ import annotations
@@ -23,26 +26,30 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import KeysSettings
 from .db import describe_db_error, raw_connection
-from .errors import DatabaseError, KeyUnavailable
-from .formats.aesgcm import AesGcmCipherSet
-from .keyring import Keyring
+from .errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from .log import log_event
-from .reencrypt import BatchPlan, FailedRow, plan_aesgcm_batch
-from .targets import ResolvedTarget
+from .schemes.base import BatchPlan, FailedRow, Scheme, Write
+from .scope import scope_condition
+from .state import NO_TENANT, StateError, database_identity, record_conflicts
+from .targets import begin_writing_batch
 
 if TYPE_CHECKING:
-    from .providers import KeyProvider
+    from .throttle import Throttle
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
 STOP_DB_ERROR = "db_error"
 STOP_CANCELLED = "cancelled"
 STOP_DEADLINE = "deadline"
+STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was exceeded (exit 4)
 
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
+SCAN_ROWS = 5000
+
+# Test and instrumentation hook: (batch number, ids read) after a batch is planned, before its write.
+BeforeWrite = Callable[[int, Sequence[Any]], None]
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,14 @@ class DrainOptions:
     stop: threading.Event = field(default_factory=threading.Event)
     on_batch: Callable[[BatchEvent], None] | None = None
     run_id: str = ""
-    tenant: str | None = None  # fpc1 targets with a tenant column: only this tenant's rows
+    tenant: str | None = None  # only this tenant's rows (targets with a tenant column)
+    id_range: tuple[Any, Any] = (None, None)  # a shard: ids in (lo, hi]; None = open end
+    lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
+    statement_timeout: float = 30.0  # seconds one statement of a batch may run
+    before_write: BeforeWrite | None = None
+    # Sharing the database (throttle.py): when set, it gives the batch size, waits between batches
+    # instead of inter_batch_delay, and turns the lock-ahead off (no rows locked while it waits).
+    throttle: Throttle | None = None
 
 
 @dataclass(frozen=True)
@@ -66,15 +80,16 @@ class BatchEvent:
     rows: int
     reencrypted: int
     failed: int
-    duration_ms: float
+    duration_ms: float  # lock (or read) to commit, without the pause between batches
     dry_run: bool
+    conflicts: int = 0
 
 
 @dataclass
 class DrainResult:
     target: str
     current_key: str
-    reencrypted: int = 0
+    reencrypted: int = 0  # rows (aesgcm, vault-transit) or values (fpc1)
     failed: list[FailedRow] = field(default_factory=list)
     conflicts: int = 0
     batches: int = 0
@@ -86,18 +101,50 @@ class DrainResult:
     retryable: bool = False
     dry_run: bool = False
     sample_ids: list[Any] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # scheme counts: active, unknown, unknown_key, ...
+    conflicts_by_tenant: dict[str, int] = field(default_factory=dict)
+    state_error: str | None = None  # the CONFLICT counts could not be saved for the gate
+
+    @property
+    def unknown(self) -> int:
+        return self.counts.get("unknown", 0)
+
+    @property
+    def unknown_key(self) -> int:
+        return self.counts.get("unknown_key", 0)
+
+    @property
+    def legacy_left(self) -> int:
+        return self.counts.get("legacy_left", 0)
 
     @property
     def fail_closed(self) -> bool:
         """True when the run must report exit code 4 for this target."""
-        return self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR) or bool(self.failed) or self.conflicts > 0
+        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL) or bool(self.failed)
+                or self.conflicts > 0 or self.state_error is not None)
+
+
+def natural_id_order(row_id: str) -> tuple[int, int, str]:
+    """Ids in the order an operator expects: numbers numerically (1, 2, 10), then the rest as text."""
+    return (0, int(row_id), "") if row_id.isdigit() else (1, 0, row_id)
+
+
+@dataclass
+class _Outcome:
+    """What one batch's writes did, counted only once its COMMIT is confirmed."""
+
+    reencrypted: int = 0
+    conflicts: int = 0
+    settled: int = 0  # CAS misses whose value another run had already moved
+    lost: list[tuple[Any, str, str, int]] = field(default_factory=list)  # (id, column, tenant, values)
+    committed: float = 0.0  # perf_counter() at COMMIT
 
 
 @dataclass(frozen=True)
 class _Pending:
-    """A batch handed to the writer thread, counted only once its COMMIT is confirmed."""
+    """A batch handed to the writer thread."""
 
-    future: Future[None]
+    future: Future[_Outcome]
     worker: int
     batch_no: int
     rows: int
@@ -111,21 +158,32 @@ class _Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.reencrypted = 0
+        self.conflicts = 0
         self.batches = 0
-        self.failed: dict[str, FailedRow] = {}
+        self.counts: dict[str, int] = {}
+        self.conflicts_by_tenant: dict[str, int] = {}
+        self.failed: dict[tuple[str, str], FailedRow] = {}
         self.error: BaseException | None = None
         self.sample: list[Any] = []  # reservoir of re-encrypted ids, re-read by the verify step
         self._seen = 0
         self._rng = random.Random()
 
-    def add(self, plan: BatchPlan) -> None:
+    def add(self, plan: BatchPlan, outcome: _Outcome) -> None:
         with self.lock:
-            self.reencrypted += plan.reencrypted
+            self.reencrypted += outcome.reencrypted
+            self.conflicts += outcome.conflicts
             self.batches += 1
+            for name, n in plan.counts.items():
+                self.counts[name] = self.counts.get(name, 0) + n
+            if outcome.settled:
+                self.counts["settled_elsewhere"] = self.counts.get("settled_elsewhere", 0) + outcome.settled
+            for _, _, tenant, n in outcome.lost:
+                self.conflicts_by_tenant[tenant] = self.conflicts_by_tenant.get(tenant, 0) + n
             for f in plan.failed:
-                self.failed.setdefault(f.id, f)
-            if plan.ids:
-                for row_id in (plan.ids[0], self._rng.choice(plan.ids)):
+                self.failed.setdefault((f.id, f.reason), f)
+            ids = plan.ids
+            if ids:
+                for row_id in (ids[0], self._rng.choice(ids)):
                     self._seen += 1
                     if len(self.sample) < SAMPLE_SIZE:
                         self.sample.append(row_id)
@@ -136,171 +194,253 @@ class _Tally:
 
     def failed_ids(self) -> frozenset[str]:
         with self.lock:
-            return frozenset(self.failed)
+            return frozenset(i for i, _ in self.failed)
 
 
-class AesGcmDrain:
-    """Drain of one ``aesgcm`` target: rows with ``key_version < current``.
+class Drain:
+    """The drain of one target through its scheme (see the module docstring)."""
 
-    Subclasses for other formats override ``_selection``, ``_update`` and ``_plan_batch``; the
-    keyset passes, pipelining, sweeps, stop rules and counting are shared.
-    """
-
-    def __init__(self, engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions) -> None:
+    def __init__(self, engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> None:
         self.engine = engine
-        self.target = target
-        self.keyring = keyring
+        self.scheme = scheme
+        self.target = scheme.target
         self.options = options
-        self.current = keyring.current_version
-        self.ciphers = AesGcmCipherSet(keyring)
         self.tally = _Tally()
         self._stop_target = threading.Event()  # one worker's fail-closed stop stops its siblings
-        t = target.settings
-        self._id = sql.Identifier(t.id)
-        self._cols = [sql.Identifier(c) for c in t.columns]
-        self._kv, self._backlog = self._selection()
-        self._update_sql = self._update()
-
-    def _selection(self) -> tuple[sql.Composable, sql.Composable]:
-        """(the key-version expression, the backlog condition with one ``%s`` for current)."""
-        t = self.target.settings
-        assert t.key_version is not None
-        kv = sql.Identifier(t.key_version)
-        # The backlog: rows on an older key. "<" never selects a row on a newer key (key rolled back),
-        # and never a NULL key version (drafts without a snapshot).
-        conds = [sql.SQL("{} < %s").format(kv)]
-        conds += [sql.SQL("{} IS NOT NULL").format(sql.Identifier(c)) for c in t.require_not_null]
-        return kv, sql.SQL(" AND ").join(conds)
-
-    def _plan_batch(self, rows: Sequence[Sequence[Any]]) -> BatchPlan:
-        """The new values for a locked batch (pure; see ``reencrypt``)."""
-        t = self.target
-        return plan_aesgcm_batch(t.name, t.settings.columns, t.encodings, rows, self.ciphers,
-                                 known_failed=self.tally.failed_ids())
+        self._locks = scheme.guard == "lock" and not options.dry_run
+        settings = self.target.settings
+        self._id = sql.Identifier(settings.id)
+        self._where = sql.SQL("{} AND {}").format(scheme.stale_condition(),
+                                                  scope_condition(settings, options.tenant))
+        self._where_t = sql.SQL("{} AND {}").format(scheme.stale_condition("t"),
+                                                    scope_condition(settings, options.tenant, "t"))
+        self._scope_t = scope_condition(settings, options.tenant, "t")
+        self._statements: dict[tuple[int, ...], sql.Composed] = {}
 
     # -- SQL ---------------------------------------------------------------------------------
 
-    def _select(self, lower: bool, upper: bool) -> sql.Composed:
-        where = [self._backlog]
-        if lower:
-            where.append(sql.SQL("{} > %s").format(self._id))
-        if upper:
-            where.append(sql.SQL("{} <= %s").format(self._id))
-        lock = sql.SQL("") if self.options.dry_run else sql.SQL(" FOR UPDATE SKIP LOCKED")
-        return sql.SQL("SELECT {id}, {kv}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s{lock}").format(
-            id=self._id, kv=self._kv, cols=sql.SQL(", ").join(self._cols), rel=self.target.relation,
-            where=sql.SQL(" AND ").join(where), lock=lock,
-        )
+    def _range(self, lo: Any, hi: Any) -> tuple[list[sql.Composable], list[Any]]:
+        conds: list[sql.Composable] = []
+        params: list[Any] = []
+        if lo is not None:
+            conds.append(sql.SQL("{} > %s").format(self._id))
+            params.append(lo)
+        if hi is not None:
+            conds.append(sql.SQL("{} <= %s").format(self._id))
+            params.append(hi)
+        return conds, params
 
-    def _update(self) -> sql.Composed:
-        # One set-based statement per batch; arrays travel binary (%b), ids cast to the key's type.
-        names = [sql.Identifier(f"c{i}") for i in range(len(self._cols))]
-        arrays = [sql.SQL("%b::{}[]").format(sql.SQL(self.target.id_column.sql_type))]
-        arrays += [sql.SQL("%b::{}[]").format(sql.SQL(c.sql_type)) for c in self.target.columns]
-        sets = [sql.SQL("{} = u.{}").format(col, name) for col, name in zip(self._cols, names)]
-        sets.append(sql.SQL("{} = %s").format(self._kv))
-        return sql.SQL(
-            "UPDATE {rel} AS t SET {sets} FROM unnest({arrays}) AS u(pinrotate_id, {names}) "
-            "WHERE t.{id} = u.pinrotate_id AND t.{kv} < %s"
-        ).format(
-            rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
-            names=sql.SQL(", ").join(names), id=self._id, kv=self._kv,
-        )
+    def _select(self, lo: Any, hi: Any, size: int) -> tuple[sql.Composed, list[Any]]:
+        conds, params = self._range(lo, hi)
+        lock = sql.SQL(" FOR NO KEY UPDATE SKIP LOCKED") if self._locks else sql.SQL("")
+        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s{lock}").format(
+            id=self._id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=self.target.relation,
+            where=sql.SQL(" AND ").join([self._where, *conds]), lock=lock)
+        return query, [*params, size]
 
-    def count_backlog(self, conn: psycopg.Connection[Any], exclude: frozenset[str] = frozenset()) -> int:
-        query = sql.SQL("SELECT count(*) FROM {rel} WHERE {backlog}").format(rel=self.target.relation, backlog=self._backlog)
-        params: list[Any] = [self.current]
-        if exclude:
-            query = query + sql.SQL(" AND NOT ({}::text = ANY(%s))").format(self._id)
-            params.append(list(exclude))
-        row = conn.execute(query, params).fetchone()
-        return int(row[0]) if row else 0
+    def _update(self, write: Write) -> sql.Composed:
+        """One set-based statement for a write; arrays are cast to base types (``varchar``, never
+        ``varchar(n)``), so a value too long for its column is an error that rolls the batch back,
+        never a silent truncation."""
+        cached = self._statements.get(write.columns)
+        if cached is not None:
+            return cached
+        columns = [self.target.columns[j] for j in write.columns]
+        id_type = sql.SQL("{}[]").format(sql.Identifier(self.target.id_column.type_name))
+        arrays: list[sql.Composable]
+        if self.scheme.guard == "lock":
+            arrays = [sql.SQL("%b::{}").format(id_type)]
+            arrays += [sql.SQL("%b::{}[]").format(sql.Identifier(c.type_name)) for c in columns]
+            names = [sql.Identifier(f"n{i}") for i in range(len(columns))]
+            sets = [sql.SQL("{} = u.{}").format(sql.Identifier(c.name), n) for c, n in zip(columns, names)]
+            kv = self.scheme.key_version_column()
+            if kv is not None:
+                sets.append(sql.SQL("{} = {}").format(sql.Identifier(kv.name), sql.Literal(int(self.scheme.current_key))))
+            # Guard: the locked row is still stale and in scope (it cannot have changed, but never write blind).
+            statement = sql.SQL(
+                "UPDATE {rel} AS t SET {sets} FROM unnest({arrays}) AS u(pinrotate_id, {names}) "
+                "WHERE t.{id} = u.pinrotate_id AND {guard}"
+            ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
+                     names=sql.SQL(", ").join(names), id=self._id, guard=self._where_t)
+        else:
+            arrays = [sql.SQL("%s::{}").format(id_type)]
+            arrays += [sql.SQL("%s::text[]")] * (2 * len(columns))
+            names = []
+            sets = []
+            same = []
+            for i, c in enumerate(columns):
+                old, new = sql.Identifier(f"o{i}"), sql.Identifier(f"n{i}")
+                names += [old, new]
+                ref = sql.Identifier("t", c.name)
+                if c.type_name == "jsonb":
+                    sets.append(sql.SQL("{} = u.{}::jsonb").format(sql.Identifier(c.name), new))
+                    same.append(sql.SQL("{} = u.{}::jsonb").format(ref, old))
+                elif c.type_name == "json":
+                    sets.append(sql.SQL("{} = u.{}::json").format(sql.Identifier(c.name), new))
+                    same.append(sql.SQL("{}::text = u.{}").format(ref, old))
+                else:
+                    sets.append(sql.SQL("{} = u.{}").format(sql.Identifier(c.name), new))
+                    same.append(sql.SQL("{} = u.{}").format(ref, old))
+            statement = sql.SQL(
+                "UPDATE {rel} AS t SET {sets} FROM unnest({arrays}) AS u(pinrotate_id, {names}) "
+                "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} RETURNING t.{id}"
+            ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
+                     names=sql.SQL(", ").join(names), id=self._id, same=sql.SQL(" AND ").join(same),
+                     scope=self._scope_t)
+        self._statements[write.columns] = statement
+        return statement
+
+    def count_backlog(self, conn: psycopg.Connection[Any], exclude: frozenset[str] = frozenset(),
+                      id_range: tuple[Any, Any] | None = None) -> int:
+        """Rows (or values, for value-counting schemes) still to move, in scope."""
+        conds, params = self._range(*(id_range or self.options.id_range))
+        where = sql.SQL(" AND ").join([self._where, *conds])
+        if not self.scheme.counts_values:
+            query = sql.SQL("SELECT count(*) FROM {rel} WHERE {where}").format(rel=self.target.relation, where=where)
+            if exclude:
+                query += sql.SQL(" AND NOT ({}::text = ANY(%s))").format(self._id)
+                params.append(list(exclude))
+            row = conn.execute(query, params).fetchone()
+            return int(row[0]) if row else 0
+        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where}").format(
+            id=self._id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=self.target.relation, where=where)
+        stale = 0
+        with conn.transaction(), conn.cursor(name="pinrotate_backlog") as cur:
+            cur.itersize = SCAN_ROWS
+            cur.execute(query, params)
+            for row in cur:
+                if str(row[0]) not in exclude:
+                    stale += self.scheme.stale_values(row[1:])
+        return stale
 
     def _range_bounds(self, conn: psycopg.Connection[Any], workers: int) -> list[Any]:
         """Split the backlog's ids into ``workers`` ranges of about equal size (one scan of ids)."""
-        fractions = [i / workers for i in range(1, workers)]
-        query = sql.SQL(
-            "SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {backlog}"
-        ).format(id=self._id, rel=self.target.relation, backlog=self._backlog)
-        row = conn.execute(query, [fractions, self.current]).fetchone()
-        bounds = [b for b in (row[0] if row and row[0] else []) if b is not None]
-        return sorted(set(bounds))
+        return shard_bounds(conn, self.target.relation, self._id, self._where, workers, self.options.id_range)
 
-    # -- the drain ---------------------------------------------------------------------------
+    # -- one batch ---------------------------------------------------------------------------
 
     def _should_stop(self) -> str | None:
         return stop_reason(self.options, self._stop_target)
 
-    def _prepare_session(self, conn: psycopg.Connection[Any]) -> None:
-        prepare_session(conn, self.options.dry_run, relaxed_commit=True)
-
-    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan) -> None:
-        """UPDATE and COMMIT one planned batch (runs on the writer thread); ROLLBACK on any error."""
+    def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
+        """BEGIN and read (with the lock guard: lock) the next batch after ``lo`` (reader thread)."""
+        query, params = self._select(lo, hi, size)
+        conn.execute("BEGIN")
         try:
-            if plan.ids:
-                cur = conn.cursor(binary=True)
-                # Placeholders in statement order: SET key_version, the unnest arrays, the WHERE guard.
-                cur.execute(self._update_sql, [self.current, plan.ids, *plan.new_values, self.current])
-                if cur.rowcount != len(plan.ids):
-                    # Cannot happen while we hold the row locks; if it does, write nothing.
-                    raise DatabaseError(
-                        f"target {self.target.name}: batch updated {cur.rowcount} rows, expected {len(plan.ids)}"
-                    )
-            conn.execute("COMMIT")
+            if not self.options.dry_run:
+                begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
+                # Per batch: never wait long for a lock an application holds, never run away.
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(f"{int(self.options.lock_timeout * 1000)}ms")))
+                conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(
+                    sql.Literal(f"{int(self.options.statement_timeout * 1000)}ms")))
+            return conn.cursor(binary=True).execute(query, params).fetchall()
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
             raise
 
-    def _record(self, worker: int, batch_no: int, rows: int, plan: BatchPlan, started: float) -> None:
+    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan) -> _Outcome:
+        """The batch's writes and COMMIT (writer thread); ROLLBACK on any error: whole or nothing."""
+        outcome = _Outcome()
+        try:
+            for write in plan.writes:
+                if not write.ids:
+                    continue
+                if self.scheme.guard == "lock":
+                    cur = conn.cursor(binary=True)
+                    cur.execute(self._update(write), [write.ids, *write.new])
+                    if cur.rowcount != len(write.ids):
+                        # Cannot happen while we hold the row locks; if it does, write nothing.
+                        raise DatabaseError(f"target {self.target.name}: batch updated {cur.rowcount} rows, "
+                                            f"expected {len(write.ids)}")
+                    outcome.reencrypted += sum(write.weights)
+                else:
+                    self._compare_and_swap(conn, write, outcome)
+            conn.execute("COMMIT")
+            outcome.committed = time.perf_counter()
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return outcome
+
+    def _compare_and_swap(self, conn: psycopg.Connection[Any], write: Write, outcome: _Outcome) -> None:
+        params: list[Any] = [write.ids]
+        for old, new in zip(write.old, write.new):
+            params += [old, new]
+        matched = {r[0] for r in conn.execute(self._update(write), params).fetchall()}
+        missed = [i for i, row_id in enumerate(write.ids) if row_id not in matched]
+        settled: set[Any] = set()
+        if missed:
+            # A miss whose value is already on the current key was moved by another run: not a conflict.
+            columns = [self.target.columns[j] for j in write.columns]
+            query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s) AND {scope}").format(
+                id=self._id, cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name))
+                                                     for c in columns),
+                rel=self.target.relation, scope=scope_condition(self.target.settings, self.options.tenant))
+            read = {write.ids[i]: [old[i] for old in write.old] for i in missed}
+            for row in conn.execute(query, [list(read)]).fetchall():
+                if all(self.scheme.settled(c, r, v) for c, r, v in zip(columns, read[row[0]], row[1:])):
+                    settled.add(row[0])
+        column = ",".join(self.target.columns[j].name for j in write.columns)
+        for i, row_id in enumerate(write.ids):
+            if row_id in matched:
+                outcome.reencrypted += write.weights[i]
+            elif row_id in settled:
+                outcome.settled += write.weights[i]
+            else:
+                outcome.conflicts += write.weights[i]
+                outcome.lost.append((row_id, column, write.tenants[i] or NO_TENANT, write.weights[i]))
+
+    def _record(self, worker: int, batch_no: int, rows: int, plan: BatchPlan, outcome: _Outcome,
+                started: float) -> None:
         """Count a committed (or, in a dry run, computed) batch and tell the world."""
         opts = self.options
         name = self.target.name
-        self.tally.add(plan)
-        event = BatchEvent(name, worker, batch_no, rows, plan.reencrypted, len(plan.failed),
-                           (time.perf_counter() - started) * 1000, opts.dry_run)
+        self.tally.add(plan, outcome)
+        event = BatchEvent(name, worker, batch_no, rows, outcome.reencrypted, len(plan.failed),
+                           ((outcome.committed or time.perf_counter()) - started) * 1000, opts.dry_run,
+                           conflicts=outcome.conflicts)
         log_event("batch_processed", run_id=opts.run_id or None, target=name, worker=worker, batch=batch_no,
-                  rows=rows, reencrypted=event.reencrypted, failed=event.failed,
+                  rows=rows, reencrypted=event.reencrypted, failed=event.failed, conflicts=event.conflicts or None,
+                  unknown=plan.counts.get("unknown") or None, legacy_left=plan.counts.get("legacy_left") or None,
                   duration_ms=round(event.duration_ms, 1), dry_run=opts.dry_run or None)
         for f in plan.failed:
             log_event("row_failed", level=30, run_id=opts.run_id or None, target=name, id=f.id,
                       columns=list(f.columns), reason=f.reason)
+        for row_id, column, _, n in outcome.lost:
+            log_event("value_conflict", level=30, run_id=opts.run_id or None, target=name, id=str(row_id),
+                      column=column, values=n)
         if opts.on_batch is not None:
             opts.on_batch(event)
 
-    def _fetch(self, conn: psycopg.Connection[Any], last: Any, hi: Any) -> list[tuple[Any, ...]]:
-        """BEGIN and lock the next batch after ``last`` (runs on the reader thread)."""
-        params: list[Any] = [self.current]
-        if last is not None:
-            params.append(last)
-        if hi is not None:
-            params.append(hi)
-        params.append(self.options.batch_size)
-        conn.execute("BEGIN")
-        try:
-            return conn.cursor(binary=True).execute(self._select(last is not None, hi is not None), params).fetchall()
-        except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-            raise
+    def _settle(self, pending: _Pending) -> None:
+        outcome = pending.future.result()  # re-raises the writer's error after its ROLLBACK
+        self._record(pending.worker, pending.batch_no, pending.rows, pending.plan, outcome, pending.started)
+
+    # -- a pass --------------------------------------------------------------------------------
 
     def _pass(self, worker: int, lo: Any, hi: Any) -> str | None:
         """One keyset pass over ``(lo, hi]``; returns why it stopped early, or None when done.
 
         Pipelined over three connections: while this thread re-encrypts batch N, a reader thread
-        locks batch N+1 and a writer thread sends batch N-1's UPDATE and COMMIT, so the database
-        and the crypto work overlap. Each batch is still exactly one transaction on one connection,
-        and is counted only once its COMMIT is confirmed.
+        reads (and locks) batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the
+        database and the crypto work overlap. Each batch is still exactly one transaction on one
+        connection, and is counted only once its COMMIT is confirmed.
         """
         opts = self.options
         t = self.target
         dry = opts.dry_run
-        early_prefetch = not opts.inter_batch_delay  # a pause between batches means: don't lock ahead
+        throttle = opts.throttle
+        # A pause between batches (or a throttle that may wait) means: don't lock ahead.
+        early_prefetch = not opts.inter_batch_delay and throttle is None
+        size = opts.batch_size if throttle is None else throttle.batch_size  # of the batch being fetched
         reason: str | None = None
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
             for c in conns:
-                self._prepare_session(c)
+                prepare_session(c, dry)
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
@@ -310,9 +450,12 @@ class AesGcmDrain:
             open_tx: psycopg.Connection[Any] | None = None
             last = lo
             try:
+                if throttle is not None:  # wait (or stop) before locking anything
+                    throttle.before_batch(opts.stop, opts.deadline, first=True)
+                    size = throttle.batch_size
                 reason = self._should_stop()
                 if reason is None:
-                    next_fetch = reader.submit(self._fetch, conns[0], last, hi)
+                    next_fetch = reader.submit(self._fetch, conns[0], last, hi, size)
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
                     started = time.perf_counter()
@@ -323,29 +466,39 @@ class AesGcmDrain:
                         break
                     reason = self._should_stop()
                     if reason:
-                        break  # this batch was only locked: it rolls back below
+                        break  # this batch was only read: it rolls back below
                     last = rows[-1][0]
-                    more = len(rows) == opts.batch_size
+                    more = len(rows) == size
                     if more and early_prefetch:
-                        next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi)
-                    plan = self._plan_batch(rows)
+                        next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi, size)
+                    plan = self.scheme.plan(rows, self.tally.failed_ids())
+                    if opts.before_write is not None:
+                        opts.before_write(k + 1, [r[0] for r in rows])
                     if pending is not None:
                         self._settle(pending)
                         pending = None
                     if writer is None:
                         conn.execute("ROLLBACK")
                         open_tx = None
-                        self._record(worker, k + 1, len(rows), plan, started)
+                        self._record(worker, k + 1, len(rows), plan, _Outcome(reencrypted=plan.planned), started)
                     else:
                         pending = _Pending(writer.submit(self._write, conn, plan), worker, k + 1, len(rows), plan,
                                            started)
                         open_tx = None  # the writer owns this transaction now
+                        if throttle is not None:  # lock-to-commit time feeds the batch sizer
+                            pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
                     k += 1
                     if more and next_fetch is None:
-                        if opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
+                        if throttle is not None:  # the throttle paces instead of the fixed delay
+                            throttle.before_batch(opts.stop, opts.deadline)
+                            size = throttle.batch_size
+                            reason = self._should_stop()
+                            if reason:
+                                break
+                        elif opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
                             reason = STOP_CANCELLED
                             break
-                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi)
+                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi, size)
                 if open_tx is not None:
                     open_tx.execute("ROLLBACK")
                     open_tx = None
@@ -358,7 +511,7 @@ class AesGcmDrain:
                 if open_tx is not None:
                     with contextlib.suppress(psycopg.Error):
                         open_tx.execute("ROLLBACK")
-                if next_fetch is not None:  # a lock-ahead of the next batch was in flight: release it
+                if next_fetch is not None:  # a read-ahead of the next batch was in flight: release it
                     with contextlib.suppress(BaseException):
                         next_fetch.result()
                         conns[(k + 1) % len(conns)].execute("ROLLBACK")
@@ -367,10 +520,6 @@ class AesGcmDrain:
                         self._settle(pending)
                 raise
         return reason
-
-    def _settle(self, pending: _Pending) -> None:
-        pending.future.result()  # re-raises the writer's error after its ROLLBACK
-        self._record(pending.worker, pending.batch_no, pending.rows, pending.plan, pending.started)
 
     def _guarded_pass(self, worker: int, lo: Any, hi: Any) -> str | None:
         try:
@@ -381,9 +530,11 @@ class AesGcmDrain:
         except DatabaseError as e:
             self._fail(e, STOP_DB_ERROR, worker)
             return STOP_DB_ERROR
+        except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
+            self._fail(e, STOP_THROTTLE_CRITICAL, worker)
+            return STOP_THROTTLE_CRITICAL
         except psycopg.Error as e:
             err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
-            err.__cause__ = None
             self._fail(err, STOP_DB_ERROR, worker)
             return STOP_DB_ERROR
 
@@ -395,77 +546,156 @@ class AesGcmDrain:
         log_event("batch_failed", level=40, run_id=self.options.run_id or None, target=self.target.name,
                   worker=worker, reason=reason, error=str(exc))
 
+    # -- the drain -------------------------------------------------------------------------------
+
     def run(self) -> DrainResult:
         opts = self.options
+        name = self.target.name
         started = time.perf_counter()
-        result = DrainResult(self.target.name, str(self.current), dry_run=opts.dry_run)
+        result = DrainResult(name, self.scheme.current_key, dry_run=opts.dry_run)
         try:
             with raw_connection(self.engine) as conn:
+                if opts.dry_run:
+                    conn.execute("SET default_transaction_read_only = on")
                 result.backlog_before = self.count_backlog(conn)
                 bounds = self._range_bounds(conn, opts.workers) if opts.workers > 1 and result.backlog_before else []
         except (psycopg.Error, DatabaseError) as e:
             result.stopped, result.retryable = STOP_DB_ERROR, True
-            result.error = str(e) if isinstance(e, DatabaseError) else f"target {self.target.name}: {describe_db_error(e)}"
+            result.error = str(e) if isinstance(e, DatabaseError) else f"target {name}: {describe_db_error(e)}"
             return result
-        log_event("target_started", run_id=opts.run_id or None, target=self.target.name, current_key=self.current,
+        log_event("target_started", run_id=opts.run_id or None, target=name, current_key=self.scheme.current_key,
                   backlog=result.backlog_before, workers=len(bounds) + 1, dry_run=opts.dry_run or None)
 
-        stop_reason: str | None = None
+        reason: str | None = None
         if result.backlog_before:
-            ranges = list(zip([None, *bounds], [*bounds, None]))
+            lo, hi = opts.id_range
+            ranges = list(zip([lo, *bounds], [*bounds, hi]))
             if len(ranges) == 1:
-                stop_reason = self._guarded_pass(0, None, None)
+                reason = self._guarded_pass(0, lo, hi)
             else:
-                with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix=f"drain-{self.target.name}") as ex:
+                with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix=f"drain-{name}") as ex:
                     # Each worker runs in a copy of the caller's context, so that an orchestrator's
                     # run context (and with it the run's log handler) reaches the worker threads.
-                    futures = [ex.submit(contextvars.copy_context().run, self._guarded_pass, i, lo, hi)
-                               for i, (lo, hi) in enumerate(ranges)]
-                    reasons = [f.result() for f in futures]
-                stop_reason = _first_reason(reasons)
+                    futures = [ex.submit(contextvars.copy_context().run, self._guarded_pass, i, a, b)
+                               for i, (a, b) in enumerate(ranges)]
+                    reason = _first_reason([f.result() for f in futures])
             # Sweep from the start: SKIP LOCKED passed over rows that a live transaction held.
             sweeps = 0
-            while stop_reason is None and not opts.dry_run and sweeps < MAX_SWEEPS:
+            while reason is None and self._locks and sweeps < MAX_SWEEPS:
                 with raw_connection(self.engine) as conn:
                     left = self.count_backlog(conn, exclude=self.tally.failed_ids())
                 if not left:
                     break
                 before = self.tally.reencrypted
                 sweeps += 1
-                stop_reason = self._guarded_pass(0, None, None)
+                reason = self._guarded_pass(0, lo, hi)
                 if self.tally.reencrypted == before:
                     break  # still locked by someone else: the next run takes them
-        result.reencrypted = self.tally.reencrypted
-        result.batches = self.tally.batches
-        result.failed = sorted(self.tally.failed.values(), key=lambda f: f.id)
-        result.sample_ids = list(dict.fromkeys(self.tally.sample))
-        result.stopped = stop_reason
-        if self.tally.error is not None:
-            result.error = str(self.tally.error)
-            result.retryable = bool(getattr(self.tally.error, "retryable", isinstance(self.tally.error, DatabaseError)))
+        self._collect(result, reason)
         if opts.dry_run:
             result.backlog_remaining = result.backlog_before - result.reencrypted
         else:
-            try:
-                with raw_connection(self.engine) as conn:
-                    if result.reencrypted:
-                        durability_barrier(conn)
-                    result.backlog_remaining = self.count_backlog(conn)
-            except (psycopg.Error, DatabaseError) as e:
-                # Without the barrier the last batches may not be on disk yet: the run must not
-                # report success (a gate opened on it could be undone by a crash).
-                result.backlog_remaining = result.backlog_before - result.reencrypted
-                if result.stopped is None:
-                    result.stopped, result.retryable = STOP_DB_ERROR, True
-                    result.error = (str(e) if isinstance(e, DatabaseError) else
-                                    f"target {self.target.name}: could not confirm the batches are durable "
-                                    f"({describe_db_error(e)})")
+            self._finish(result)
         result.duration_ms = (time.perf_counter() - started) * 1000
-        log_event("target_completed", run_id=opts.run_id or None, target=self.target.name,
-                  reencrypted=result.reencrypted, failed=len(result.failed), batches=result.batches,
-                  backlog_remaining=result.backlog_remaining, stopped=result.stopped,
+        log_event("target_completed", run_id=opts.run_id or None, target=name, reencrypted=result.reencrypted,
+                  failed=len(result.failed), conflicts=result.conflicts or None, unknown=result.unknown or None,
+                  unknown_key=result.unknown_key or None, legacy_left=result.legacy_left or None,
+                  batches=result.batches, backlog_remaining=result.backlog_remaining, stopped=result.stopped,
                   duration_ms=round(result.duration_ms, 1), dry_run=opts.dry_run or None)
         return result
+
+    def _collect(self, result: DrainResult, reason: str | None) -> None:
+        tally = self.tally
+        result.reencrypted = tally.reencrypted
+        result.conflicts = tally.conflicts
+        result.batches = tally.batches
+        result.counts = dict(tally.counts)
+        result.conflicts_by_tenant = dict(tally.conflicts_by_tenant)
+        result.failed = sorted(tally.failed.values(), key=lambda f: (natural_id_order(f.id), f.reason))
+        result.sample_ids = list(dict.fromkeys(tally.sample))
+        result.stopped = reason
+        if tally.error is not None:
+            result.error = str(tally.error)
+            result.retryable = bool(getattr(tally.error, "retryable", isinstance(tally.error, DatabaseError)))
+
+    def _finish(self, result: DrainResult) -> None:
+        """Make the batches durable, recount the backlog, save CONFLICT counts for the gate."""
+        identity: str | None = None
+        try:
+            with raw_connection(self.engine) as conn:
+                if result.reencrypted:
+                    durability_barrier(conn)
+                result.backlog_remaining = self.count_backlog(conn)
+                if self.scheme.guard == "cas":
+                    identity = database_identity(conn)
+        except (psycopg.Error, DatabaseError) as e:
+            # Without the barrier the last batches may not be on disk yet: the run must not
+            # report success (a gate opened on it could be undone by a crash).
+            result.backlog_remaining = result.backlog_before - result.reencrypted
+            if result.stopped is None:
+                result.stopped, result.retryable = STOP_DB_ERROR, True
+                result.error = (str(e) if isinstance(e, DatabaseError) else
+                                f"target {self.target.name}: could not confirm the batches are durable "
+                                f"({describe_db_error(e)})")
+        if self.scheme.guard != "cas":
+            return
+        if identity is None:
+            result.state_error = "the CONFLICT counts could not be saved: the database was unreachable"
+        else:
+            try:
+                record_conflicts(identity, self.target.name, result.conflicts_by_tenant,
+                                 tenant_scope=self.options.tenant, complete=result.stopped is None,
+                                 run_id=self.options.run_id)
+            except StateError as e:
+                result.state_error = str(e)
+        if result.state_error is not None:
+            # Fail closed: a gate that cannot see this run's conflicts must not open on its word.
+            log_event("state_not_saved", level=40, run_id=self.options.run_id or None, target=self.target.name,
+                      error=result.state_error)
+
+
+def shard_bounds(conn: psycopg.Connection[Any], relation: sql.Composable, id_column: sql.Composable,
+                 where: sql.Composable, shards: int, id_range: tuple[Any, Any] = (None, None)) -> list[Any]:
+    """Inner boundaries splitting the ids that match ``where`` (within ``id_range``) into ``shards``
+    ranges of about equal row counts: quantiles of the id, one scan of the ids."""
+    if shards <= 1:
+        return []
+    fractions = [i / shards for i in range(1, shards)]
+    conds: list[sql.Composable] = [where]
+    params: list[Any] = [fractions]
+    lo, hi = id_range
+    if lo is not None:
+        conds.append(sql.SQL("{} > %s").format(id_column))
+        params.append(lo)
+    if hi is not None:
+        conds.append(sql.SQL("{} <= %s").format(id_column))
+        params.append(hi)
+    query = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {where}").format(
+        id=id_column, rel=relation, where=sql.SQL(" AND ").join(conds))
+    row = conn.execute(query, params).fetchone()
+    bounds = [b for b in (row[0] if row and row[0] else []) if b is not None]
+    return sorted(set(bounds))
+
+
+def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
+                  shards: int) -> list[tuple[tuple[Any, Any], int]]:
+    """The stale, in-scope ids of a target as at most ``shards`` ranges ``(lo, hi]`` of similar row
+    counts (quantiles of the id over the stale rows), each with its backlog; the outer ends are open,
+    so rows that turn stale later still fall in a shard. One range when there is little or nothing to do.
+    """
+    drain = Drain(engine, scheme, options)
+    try:
+        with raw_connection(engine) as conn:
+            if options.dry_run:
+                conn.execute("SET default_transaction_read_only = on")
+            backlog = drain.count_backlog(conn)
+            bounds = drain._range_bounds(conn, shards) if shards > 1 and backlog > 1 else []
+            ranges = list(zip([None, *bounds], [*bounds, None]))
+            if len(ranges) == 1:
+                return [((None, None), backlog)]
+            return [(r, drain.count_backlog(conn, id_range=r)) for r in ranges]
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
 
 
 def durability_barrier(conn: psycopg.Connection[Any]) -> None:
@@ -491,39 +721,36 @@ def stop_reason(options: DrainOptions, target_stopped: threading.Event | None = 
     return None
 
 
-def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, *, relaxed_commit: bool) -> None:
+def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
     """Session settings of a drain connection (reset when it goes back to the pool)."""
+    conn.execute("SET application_name = 'pinrotate'")
     # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
     # the batch against a sequential scan of the whole table.
     conn.execute("SET enable_hashjoin = off")
     conn.execute("SET enable_mergejoin = off")
     if dry_run:
         conn.execute("SET default_transaction_read_only = on")
-    elif relaxed_commit:
+    else:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the
         # keyring: the next run takes them again. So batches need not wait for each WAL flush;
         # the drain ends with durability_barrier() before it reports.
         conn.execute("SET synchronous_commit = off")
 
 
+def _feeds_sizer(throttle: Throttle, started: float, rows: int) -> Callable[[Future[_Outcome]], None]:
+    """A done-callback telling the throttle how long a committed batch held its locks."""
+    def done(future: Future[_Outcome]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            throttle.batch_done(time.perf_counter() - started, rows)
+    return done
+
+
 def _first_reason(reasons: Sequence[str | None]) -> str | None:
-    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_CANCELLED, STOP_DEADLINE]
+    order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE]
     present = [r for r in reasons if r]
     return min(present, key=order.index) if present else None
 
 
-def drain_target(engine: sa.Engine, target: ResolvedTarget, keyring: Keyring, options: DrainOptions,
-                 keys: KeysSettings | None = None, provider: KeyProvider | None = None) -> DrainResult:
-    """Drain one target with the strategy its format needs (``keys``: the legacy switches of fpc1)."""
-    fmt = target.settings.format
-    if fmt == "aesgcm":
-        return AesGcmDrain(engine, target, keyring, options).run()
-    if fmt == "fpc1":
-        from .drain_fpc1 import Fpc1Drain  # imported here: drain_fpc1 builds on this module
-
-        return Fpc1Drain(engine, target, keyring, options, keys=keys).run()
-    if fmt == "vault-transit":
-        from .drain_transit import TransitDrain  # imported here: drain_transit builds on this module
-
-        return TransitDrain(engine, target, keyring, options, provider).run()
-    raise NotImplementedError(f"target {target.name}: format {fmt} has no drain yet")
+def drain_target(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResult:
+    """Drain one target through its scheme (``schemes.build_scheme``)."""
+    return Drain(engine, scheme, options).run()

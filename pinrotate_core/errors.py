@@ -6,6 +6,8 @@ chained with ``raise ... from``. Messages name settings, targets, ids and column
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class PinrotateError(Exception):
     """Base of every error pinrotate raises on purpose."""
@@ -35,6 +37,18 @@ class CiphertextInvalid(PinrotateError):
     """A stored value does not decrypt (wrong key, tampered, truncated). Deliberately opaque."""
 
 
+class TransitValuesInvalid(CiphertextInvalid):
+    """Some values of a batch were refused by Transit (or are not ``vault:v<N>:`` at all).
+
+    ``failed_positions`` are indexes into the batch given, so the caller can record those rows as
+    FAILED and send the others again. The message holds counts and positions, never a value.
+    """
+
+    def __init__(self, message: str, failed_positions: Sequence[int]) -> None:
+        super().__init__(message)
+        self.failed_positions = tuple(failed_positions)
+
+
 class VerificationFailed(PinrotateError):
     """A freshly written ciphertext did not decrypt to the same plaintext: nothing may be committed."""
 
@@ -47,6 +61,17 @@ class DatabaseError(PinrotateError):
     """The database failed in a way that rolled the open batch back."""
 
 
+class DatabaseUnavailable(DatabaseError):
+    """No connection to the database (down, unreachable, wrong user or database): exit code 4.
+
+    ``retryable``: an outage may pass; a wrong user, password or database name will not.
+    """
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
 class TargetBlocked(PinrotateError):
     """A target cannot be migrated as configured (missing table or column, no single key, ...)."""
 
@@ -54,3 +79,10 @@ class TargetBlocked(PinrotateError):
         super().__init__(f"target {target}: {reason}")
         self.target = target
         self.reason = reason
+
+
+class ThrottleCritical(PinrotateError):
+    """A ``critical_*`` limit of the database's health was exceeded: the run stops fail-safe (exit 4).
+
+    Raised between batches, so the open batch has committed or rolled back already.
+    """

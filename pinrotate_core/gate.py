@@ -3,20 +3,24 @@
 Open only when, over every target and tenant in scope, nothing is on KEY and nothing could be
 hiding there: UNKNOWN + UNKNOWN_KEY + BLOCKED + FAILED + CONFLICT = 0 (contract §6). Values on
 other old keys do not block KEY; out-of-scope rows do not block but are counted, because
-destroying KEY crypto-erases them.
+destroying KEY crypto-erases them. A KEY the keyring does not hold, or the current key, is never
+asked about: it is refused before anything is read (``check_retire_key``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from .errors import ConfigError
 from .inventory import Inventory, TargetInventory
-from .keyring import is_version
+from .keyring import Keyring, is_version
+from .schemes.base import LEGACY_KEY
 
-LEGACY_KEY = "legacy"
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
 
 
@@ -27,11 +31,61 @@ class GateReport:
     blocking: dict[str, int]
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     current_key: str = ""
+    # Filled by rotation.retire_gate for the change-ticket record (gate_record): where the verdict
+    # was taken, on which keyring, over which scope. Names and counts only.
+    database: dict[str, Any] = field(default_factory=dict)
+    keyring_source: str = ""
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scope: dict[str, Any] = field(default_factory=dict)
+    # How the gate made sure that what it read is on disk (see durability.confirm_flushed).
+    durability: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
-        return {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
-                "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+        out = {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
+               "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+        if self.durability:
+            out["durability"] = self.durability
+        return out
+
+
+class KeyNotRetirable(ConfigError):
+    """``gate --retire KEY`` where the keyring does not hold KEY, or KEY is current (exit code 2)."""
+
+
+def held_keys(keyring: Keyring) -> list[str]:
+    """Every key the keyring holds, as ``gate --retire`` names them (``legacy`` last, when configured).
+
+    ``vault-transit``: the versions Transit still decrypts, ``min_decryption_version`` to
+    ``latest_version`` (what Transit lists under ``keys``); a version below it is already retired
+    in Transit.
+    """
+    if keyring.server_side:
+        held = [str(v) for v in range(keyring.min_decryption_version or 1, keyring.current_version + 1)]
+    else:
+        held = keyring.ids()
+    if keyring.legacy is not None:
+        held.append(LEGACY_KEY)
+    return held
+
+
+def describe_held(keyring: Keyring) -> str:
+    if keyring.server_side:
+        oldest, latest = keyring.min_decryption_version or 1, keyring.current_version
+        versions = f"version {latest}" if oldest == latest else f"versions {oldest} to {latest}"
+        return f"{keyring.source} holds {versions}"
+    return f"{keyring.source} holds {', '.join(held_keys(keyring))}"
+
+
+def check_retire_key(keyring: Keyring, key: str) -> None:
+    """Refuse (exit 2) a KEY the keyring does not hold, and the current key: neither is a question
+    the gate may answer "open" to (an unknown key counts zero everywhere; the current key is in use)."""
+    if key not in held_keys(keyring):
+        why = " (no legacy key is configured)" if key == LEGACY_KEY else ""
+        raise KeyNotRetirable(f"key {key} is not in the keyring{why}; {describe_held(keyring)}")
+    if key == keyring.current:
+        then = "rotate the Transit key first" if keyring.server_side else "promote another key first"
+        raise KeyNotRetirable(f"key {key} is the current key; {then}")
 
 
 def application_version() -> str:
@@ -56,12 +110,8 @@ def on_key_category(key: str, current: str) -> str:
 def target_blocking(inv: TargetInventory, key: str, current: str) -> tuple[dict[str, int], int, int]:
     """(blocking counts, values on KEY, out-of-scope values still on KEY) for one target."""
     blocking = {c: inv.counts[c] for c in ALWAYS_BLOCKING}
-    if key == LEGACY_KEY:
-        on_key = inv.counts["LEGACY"]
-        excluded = int(inv.extra.get("excluded_legacy", 0))
-    else:
-        on_key = inv.by_key.get(key, 0)
-        excluded = inv.excluded_by_key.get(key, 0)
+    on_key = inv.counts["LEGACY"] if key == LEGACY_KEY else inv.by_key.get(key, 0)
+    excluded = inv.excluded_by_key.get(key, 0)
     category = on_key_category(key, current)
     blocking[category] = blocking.get(category, 0) + on_key
     return blocking, on_key, excluded
@@ -85,3 +135,38 @@ def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] |
         per_target[name] = entry
     is_open = bool(inventory.targets) and not any(totals.values())
     return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key)
+
+
+RECORD_KIND = "pinrotate gate record"
+TICKET_PATTERN = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+
+
+def check_ticket(ticket: str) -> str:
+    """A change ticket reference: one line of printable text, at most 200 characters."""
+    if not TICKET_PATTERN.fullmatch(ticket) or not ticket.strip():
+        raise ConfigError("--ticket: must be one line of 1 to 200 printable characters")
+    return ticket.strip()
+
+
+def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime) -> dict[str, Any]:
+    """The value-free evidence Forge's runbook asks to keep with the change ticket before a key is
+    deleted: when, where (database identity), by what (pinrotate's version), on which keyring
+    (its source, never its material), over which tenants, the counts per target, and the verdict."""
+    as_dict = report.as_dict()
+    return {
+        "record": RECORD_KIND,
+        "ticket": ticket,
+        "recorded_at": recorded_at.isoformat(timespec="seconds"),
+        "key": report.key,
+        "verdict": "open" if report.open else "closed",
+        "open": report.open,
+        "blocking": {c: n for c, n in report.blocking.items() if n},
+        "current_key": report.current_key,
+        "database": report.database,
+        "pinrotate_version": application_version(),
+        "keyring_source": report.keyring_source,
+        "scope": report.scope,
+        "tenants": as_dict["tenants"],
+        "targets": {name: {**report.counts.get(name, {}), "gate": gate}
+                    for name, gate in report.targets.items()},
+    }

@@ -1,12 +1,15 @@
 """Inventory: read-only counts per target and key, the evidence the retire gate decides on.
 
-Counts and locations only (contract §6): never a value. ``aesgcm`` counts rows, ``fpc1`` counts
-values. ``deep`` also decrypts every value to find the ones that do not (FAILED).
+One inventory for every scheme: it streams (or, where the scheme can name each value's key in SQL,
+counts in the database) the values of every row, splits them by THE scope rule into in scope and
+EXCLUDED, and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
+value to find the ones that do not (FAILED). Counts and locations only (contract §6): never a
+value. Never writes, never runs DDL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,16 +17,17 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import KeysSettings, Settings, TargetSettings
+from .config import Settings, TargetSettings
 from .db import describe_db_error, raw_connection
-from .errors import CiphertextInvalid, DatabaseError, TargetBlocked
-from .formats.aesgcm import AesGcmCipherSet
-from .keyring import Keyring, is_version
+from .errors import ConfigError, DatabaseError, TargetBlocked
+from .keyring import Keyring
+from .schemes import build_scheme
+from .schemes.base import CATEGORIES, LEGACY_KEY, Scheme, ValueClass
+from .scope import scope_condition
+from .state import StateError, database_identity, last_conflicts
 from .targets import ResolvedTarget, resolve_target
 
-CATEGORIES = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "EXCLUDED", "FAILED",
-              "CONFLICT", "BLOCKED")
-DEEP_FETCH_ROWS = 5000
+FETCH_ROWS = 5000
 
 
 @dataclass
@@ -36,10 +40,25 @@ class TargetInventory:
     excluded_by_key: dict[str, int] = field(default_factory=dict)  # out of scope, still on a key
     failed_by_key: dict[str, int] = field(default_factory=dict)
     blocked_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # format-specific facts (e.g. transit versions)
+    extra: dict[str, Any] = field(default_factory=dict)  # scheme facts (e.g. transit versions), tenants
 
     def add(self, category: str, n: int = 1) -> None:
         self.counts[category] += n
+
+    def count(self, value: ValueClass, in_scope: bool, n: int = 1) -> None:
+        self.total += n
+        if not in_scope:
+            self.add("EXCLUDED", n)
+            if value.key is not None:
+                _bump(self.excluded_by_key, value.key, n)
+            return
+        self.add(value.category, n)
+        if value.key is not None:
+            _bump(self.by_key, value.key, n)
+
+    def block(self, reason: str) -> None:
+        self.add("BLOCKED")
+        self.blocked_reason = self.blocked_reason or reason
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"total": self.total, "by_key": dict(sorted(self.by_key.items()))}
@@ -70,112 +89,114 @@ class Inventory:
         return sum(t.counts[category] for t in self.targets.values())
 
 
-# Per-format inventory functions: (conn, resolved target, keyring, deep, tenant, [keys] settings)
-# -> TargetInventory. The [keys] settings carry what a format may need to read values (fpc1: the
-# legacy format).
-InventoryFn = Callable[[psycopg.Connection[Any], ResolvedTarget, Keyring, bool, str | None, KeysSettings],
-                       TargetInventory]
-_BY_FORMAT: dict[str, InventoryFn] = {}
-
-
-def register_format(fmt: str) -> Callable[[InventoryFn], InventoryFn]:
-    def deco(fn: InventoryFn) -> InventoryFn:
-        _BY_FORMAT[fmt] = fn
-        return fn
-    return deco
-
-
-def classify_version(key_id: str, keyring: Keyring) -> str:
-    """ACTIVE / HISTORICAL / NEWER / UNKNOWN_KEY for a value on integer key version ``key_id``."""
-    if key_id not in keyring.keys and not keyring.server_side:
-        return "UNKNOWN_KEY"
-    current = keyring.current_version
-    v = int(key_id)
-    return "ACTIVE" if v == current else ("HISTORICAL" if v < current else "NEWER")
-
-
-@register_format("aesgcm")
-def inventory_aesgcm(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring, deep: bool,
-                     tenant: str | None, keys: KeysSettings) -> TargetInventory:
-    t = target.settings
-    inv = TargetInventory(t.name, t.format)
-    kv = sql.Identifier(t.key_version or "")
-    in_scope = _scope_condition(t)
-    rows = conn.execute(
-        sql.SQL("SELECT {kv}::text, {scope}, count(*) FROM {rel} GROUP BY 1, 2").format(
-            kv=kv, scope=in_scope, rel=target.relation)
-    ).fetchall()
-    for key_id, scoped, n in rows:
-        inv.total += n
-        if not scoped:
-            inv.add("EXCLUDED", n)
-            if key_id is not None:
-                inv.excluded_by_key[key_id] = inv.excluded_by_key.get(key_id, 0) + n
-            continue
-        if key_id is None or not is_version(key_id):
-            inv.add("UNKNOWN", n)  # in scope, but no key version to read it with
-            continue
-        inv.by_key[key_id] = inv.by_key.get(key_id, 0) + n
-        inv.add(classify_version(key_id, keyring), n)
-    if deep:
-        _deep_aesgcm(conn, target, keyring, inv, in_scope)
-    return inv
-
-
-def _scope_condition(t: TargetSettings) -> sql.Composable:
-    conds: list[sql.Composable] = [sql.SQL("{} IS NOT NULL").format(sql.Identifier(c)) for c in t.require_not_null]
-    return sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
-
-
-def _deep_aesgcm(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring, inv: TargetInventory,
-                 in_scope: sql.Composable) -> None:
-    """Decrypt every in-scope value with its row's key; count rows that do not decrypt (FAILED)."""
-    t = target.settings
-    ciphers = AesGcmCipherSet(keyring)
-    query = sql.SQL("SELECT {kv}, {cols} FROM {rel} WHERE {kv} IS NOT NULL AND {scope}").format(
-        kv=sql.Identifier(t.key_version or ""), cols=sql.SQL(", ").join(sql.Identifier(c) for c in t.columns),
-        rel=target.relation, scope=in_scope)
-    with conn.transaction(), conn.cursor(name="pinrotate_deep", binary=True) as cur:
-        cur.itersize = DEEP_FETCH_ROWS
-        cur.execute(query)
-        for row in cur:
-            key_id = str(row[0])
-            if key_id not in keyring.keys:
-                continue  # already UNKNOWN_KEY
-            for enc, stored in zip(target.encodings, row[1:]):
-                if stored is None:
-                    continue
-                try:
-                    ciphers.decrypt(key_id, enc.to_bytes(stored))
-                except CiphertextInvalid:
-                    inv.add("FAILED")
-                    inv.failed_by_key[key_id] = inv.failed_by_key.get(key_id, 0) + 1
-                    break
+def _bump(counter: dict[str, int], key: str, n: int = 1) -> None:
+    counter[key] = counter.get(key, 0) + n
 
 
 def blocked_inventory(t: TargetSettings, reason: str) -> TargetInventory:
-    inv = TargetInventory(t.name, t.format, blocked_reason=reason)
-    inv.add("BLOCKED")
+    inv = TargetInventory(t.name, t.format)
+    inv.block(reason)
     return inv
 
 
+def _stream(conn: psycopg.Connection[Any], query: sql.Composed, name: str) -> Any:
+    with conn.transaction(), conn.cursor(name=name, binary=True) as cur:
+        cur.itersize = FETCH_ROWS
+        cur.execute(query)
+        yield from cur
+
+
+def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: bool = False,
+                     tenant: str | None = None) -> TargetInventory:
+    """Counts per category and key of one target (see the module docstring)."""
+    target = scheme.target
+    t = target.settings
+    inv = TargetInventory(t.name, t.format)
+    scope = scope_condition(t, tenant, "t")
+    keys_sql = scheme.value_keys_sql("t")
+    if keys_sql is not None:
+        per_value = sql.SQL(", ").join(sql.SQL("({}, {})").format(k, p) for k, p in keys_sql)
+        rows = conn.execute(sql.SQL(
+            "SELECT v.pinrotate_key, {scope}, count(*) FROM {rel} AS t "
+            "CROSS JOIN LATERAL (VALUES {per_value}) AS v(pinrotate_key, pinrotate_present) "
+            "WHERE v.pinrotate_present GROUP BY 1, 2").format(scope=scope, rel=target.relation, per_value=per_value)
+        ).fetchall()
+        for key, scoped, n in rows:
+            inv.count(scheme.classify_key(key), bool(scoped), int(n))
+    if keys_sql is None or deep:
+        # Value by value: every row when the database could not count, else only the in-scope rows.
+        where = sql.SQL("true") if keys_sql is None else scope
+        query = sql.SQL("SELECT {scope}, {cols} FROM {rel} AS t WHERE {where}").format(
+            scope=scope, cols=sql.SQL(", ").join(scheme.read_list("t")), rel=target.relation, where=where)
+        for row in _stream(conn, query, "pinrotate_inventory"):
+            in_scope = bool(row[0])
+            for value, failed in scheme.inspect(row[1:], deep and in_scope):
+                if keys_sql is None:
+                    inv.count(value, in_scope)
+                if failed:
+                    inv.add("FAILED")
+                    _bump(inv.failed_by_key, value.key or LEGACY_KEY)
+    inv.extra.update(scheme.inventory_facts())
+    drift = scheme.drift_condition("t")
+    if drift is not None:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {scope} AND {drift}").format(
+            rel=target.relation, scope=scope, drift=drift)).fetchone()
+        inv.extra["transit_rows_behind_key_version"] = int(row[0]) if row else 0
+    if scheme.guard == "cas":
+        try:
+            inv.counts["CONFLICT"] = last_conflicts(database_identity(conn), t.name, tenant=tenant)
+        except StateError as e:
+            inv.block(str(e))  # fail closed: conflicts we cannot read might exist
+            return inv
+    reason = capacity_blocker(conn, scheme, tenant)
+    if reason is not None:
+        inv.block(reason)
+    return inv
+
+
+def capacity_blocker(conn: psycopg.Connection[Any], scheme: Scheme, tenant: str | None = None) -> str | None:
+    """Why the target is BLOCKED for lack of room (a ``varchar(n)`` too narrow), or None.
+
+    For each column with a declared length: the longest in-scope value once rewritten under the
+    current key, against that length. Only values long enough to possibly overflow are read.
+    """
+    target = scheme.target
+    for column in target.columns:
+        limit = column.char_length
+        growth = scheme.growth(column)
+        if limit is None or growth <= 0:
+            continue  # text, json, bytea: no declared length; or a scheme whose values never grow
+        ident = sql.Identifier(column.name)
+        query = sql.SQL("SELECT {c} FROM {rel} WHERE {scope} AND {c} IS NOT NULL AND char_length({c}) > %s").format(
+            c=ident, rel=target.relation, scope=scope_condition(target.settings, tenant))
+        worst = 0
+        for (stored,) in conn.execute(query, [limit - growth]):
+            worst = max(worst, scheme.length_after(column, stored) or 0)
+        if worst > limit:
+            return (f"column {column.name} is {column.sql_type}, too narrow: re-encrypted under key "
+                    f"{scheme.current_key} its values need up to {worst} characters "
+                    "(widen it; pinrotate never runs DDL)")
+    return None
+
+
 def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, deep: bool = False,
-                   tenant: str | None = None, targets: Sequence[TargetSettings] | None = None) -> Inventory:
+                   tenant: str | None = None, targets: Sequence[TargetSettings] | None = None,
+                   provider: object = None) -> Inventory:
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
     with raw_connection(engine) as conn:
         for t in chosen:
             try:
                 resolved = resolve_target(conn, t)
+                scheme = build_scheme(resolved, keyring, settings.keys, provider)
             except TargetBlocked as e:
                 result.targets[t.name] = blocked_inventory(t, e.reason)
                 continue
-            fn = _BY_FORMAT.get(t.format)
-            if fn is None:
-                result.targets[t.name] = blocked_inventory(t, f"format {t.format} has no inventory")
+            except ConfigError as e:
+                result.targets[t.name] = blocked_inventory(t, str(e))
                 continue
             try:
-                result.targets[t.name] = fn(conn, resolved, keyring, deep, tenant, settings.keys)
+                result.targets[t.name] = inventory_target(conn, scheme, deep=deep, tenant=tenant)
                 if t.tenant:
                     result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, resolved, tenant)
             except psycopg.Error as e:
@@ -191,9 +212,3 @@ def tenants_in_scope(conn: psycopg.Connection[Any], target: ResolvedTarget, tena
     query = sql.SQL("SELECT DISTINCT {col}::text FROM {rel} WHERE {col} IS NOT NULL ORDER BY 1").format(
         col=column, rel=target.relation)
     return [str(row[0]) for row in conn.execute(query).fetchall()]
-
-
-from . import (
-    inventory_fpc1,  # noqa: F401  (registers the fpc1 inventory)
-    inventory_transit,  # noqa: F401  (registers the vault-transit inventory)
-)

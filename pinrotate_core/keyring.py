@@ -54,6 +54,22 @@ def validate_key_id(key_id: str, *, where: str) -> str:
 
 
 @dataclass(frozen=True)
+class KeyPolicy:
+    """fpc1 switches that the key source itself decides (Forge's own settings), overriding ``[keys]``.
+
+    Each ``*_setting`` names where the value came from (a setting or variable name, never a value),
+    so that a refusal points the operator at the place to change.
+    """
+
+    enabled: bool
+    write_versioned: bool
+    legacy_read_enabled: bool
+    enabled_setting: str
+    write_versioned_setting: str
+    legacy_read_enabled_setting: str
+
+
+@dataclass(frozen=True)
 class Keyring:
     """The keys of one run. ``source`` names where they came from (never a secret)."""
 
@@ -65,6 +81,8 @@ class Keyring:
     server_side: bool = field(default=False)
     # vault-transit only: versions below it no longer decrypt in Transit (inventory: UNKNOWN_KEY).
     min_decryption_version: int | None = None
+    # Set by providers whose source also carries the fpc1 switches (forge): they override [keys].
+    policy: KeyPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.server_side and self.current not in self.keys:

@@ -9,18 +9,26 @@ when it is an integer version: which key a backlog drains to, for dashboards and
 
 from __future__ import annotations
 
-import base64
 import http.client
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
-from urllib.request import Request, urlopen
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, write_to_textfile
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    push_to_gateway,
+    pushadd_to_gateway,
+    write_to_textfile,
+)
 from prometheus_client.exposition import basic_auth_handler, default_handler
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,11 +40,16 @@ from .log import log_event
 
 DEFAULT_PREFIX = "profile_crypto_reencrypt"
 ERROR_REASONS = ("key_unavailable", "decrypt_failed", "conflict", "db_error")
+THROTTLE_REASONS = ("lag", "load", "locks", "paused")  # why a drain waited between batches (throttle.py)
 # A run is anything from an empty no-op (~10 ms) to max_run_duration (600 s by default).
 RUN_DURATION_BUCKETS_MS = (10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
                            60_000.0, 120_000.0, 300_000.0, 600_000.0)
 PUSH_TIMEOUT_SECONDS = 10.0
 _PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+# A run's counters start at 0 with every run: their ``_created`` series would only say when the
+# run started. prometheus_client's own switch; it applies to the whole process.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class RotationMetrics:
@@ -44,8 +57,8 @@ class RotationMetrics:
 
     One instance per run: what is delivered describes that run, and replaces what the previous
     run delivered (the Pushgateway group of ``job``, the textfile), which is what the alert rules
-    in ``deploy/alerts.yml`` expect. Only the last success time is carried forward by a run that
-    did not succeed. Every method is safe to call from drain worker threads.
+    in ``deploy/alerts.yml`` expect. Only the last success time survives a run that did not
+    succeed. Every method is safe to call from drain worker threads.
     """
 
     def __init__(self, prefix: str = DEFAULT_PREFIX, registry: CollectorRegistry | None = None) -> None:
@@ -56,19 +69,26 @@ class RotationMetrics:
         self._lock = threading.Lock()
         self._last_success: float | None = None
         self._current_key_version: int | None = None
-        # Unregistered (registry=None): this object's collector yields them, so it can drop the
-        # ``_created`` series without flipping prometheus_client's process-wide switch.
         self._progress = Gauge(f"{prefix}_progress", "Rows still on an old key, per target (converges to 0).",
-                               ["target"], registry=None)
+                               ["target"], registry=self.registry)
         self._processed = Counter(f"{prefix}_processed_total", "Rows re-encrypted to the current key in this run.",
-                                  ["target"], registry=None)
+                                  ["target"], registry=self.registry)
         self._run_duration = Histogram(f"{prefix}_run_duration_ms", "Duration of a rotation run in milliseconds.",
-                                       buckets=RUN_DURATION_BUCKETS_MS, registry=None)
-        self._errors = Counter(f"{prefix}_errors_total", "Errors in this run, by reason.", ["reason"], registry=None)
+                                       buckets=RUN_DURATION_BUCKETS_MS, registry=self.registry)
+        self._errors = Counter(f"{prefix}_errors_total", "Errors in this run, by reason.", ["reason"],
+                               registry=self.registry)
         # Pre-initialised so that alert expressions see a series (0) before the first error.
         for reason in ERROR_REASONS:
             self._errors.labels(reason=reason)
-        self.registry.register(_Collector(self))
+        # Sharing the database (throttle.py): how long the drains waited, and what they saw last.
+        self._throttled = Counter(f"{prefix}_throttled_seconds_total",
+                                  "Seconds the drain waited between batches in this run, by reason.", ["reason"],
+                                  registry=self.registry)
+        for reason in THROTTLE_REASONS:
+            self._throttled.labels(reason=reason)
+        self._batch_size: int | None = None  # absent until a drain reported one
+        self._replica_lag: float | None = None  # absent unless replica lag was measured
+        self.registry.register(_RunFacts(self))
 
     @classmethod
     def from_settings(cls, settings: MetricsSettings) -> RotationMetrics:
@@ -98,6 +118,25 @@ class RotationMetrics:
             raise ValueError("run duration must be >= 0")
         self._run_duration.observe(ms)
 
+    def add_throttled(self, reason: str, seconds: float) -> None:
+        if reason not in THROTTLE_REASONS:
+            raise ValueError(f"unknown throttle reason; expected one of {', '.join(THROTTLE_REASONS)}")
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        self._throttled.labels(reason=reason).inc(seconds)
+
+    def set_batch_size(self, rows: int) -> None:
+        if rows < 0:
+            raise ValueError("batch size must be >= 0")
+        with self._lock:
+            self._batch_size = rows
+
+    def set_replica_lag(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("replica lag must be >= 0")
+        with self._lock:
+            self._replica_lag = seconds
+
     def set_current_key(self, key: str) -> None:
         """Export the current key as a number when it is an integer version. A key id (``fpc1``)
         is no number and must not become a label either, so the gauge is withdrawn."""
@@ -108,24 +147,6 @@ class RotationMetrics:
         """Call when the run ended without a fail-closed stop (a no-op run is a success)."""
         with self._lock:
             self._last_success = time.time() if when is None else when
-
-    def collect_families(self, carried_last_success: float | None = None) -> Iterator[Metric]:
-        """The families of this run; ``carried_last_success`` stands in when this run did not succeed."""
-        for metric in (self._progress, self._processed, self._run_duration, self._errors):
-            for family in metric.collect():
-                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-                yield family
-        with self._lock:
-            last_success = self._last_success if self._last_success is not None else carried_last_success
-            current_key_version = self._current_key_version
-        # Absent rather than 0 when unknown: a 0 timestamp would read as "last success in 1970".
-        if last_success is not None:
-            yield GaugeMetricFamily(f"{self.prefix}_last_success_timestamp_seconds",
-                                    "Unix time at which the last rotation run ended without a fail-closed stop.",
-                                    value=last_success)
-        if current_key_version is not None:
-            yield GaugeMetricFamily(f"{self.prefix}_current_key_version",
-                                    "The current key version (integer versions only).", value=current_key_version)
 
     def deliver(self, settings: MetricsSettings) -> list[str]:
         """Push to ``settings.pushgateway`` (group ``job=settings.job``) and/or write
@@ -143,97 +164,87 @@ class RotationMetrics:
     def _push(self, gateway: str, job: str) -> str:
         shown = "<unparseable pushgateway url>"
         try:
-            endpoint = _PushEndpoint.parse(gateway)
-            shown = endpoint.shown
-            # PUT replaces the whole group, so targets and counts of an earlier run never linger.
-            # A run that did not succeed carries the group's previous success time forward rather
-            # than deleting it (a deleted one would fire the absent() alert after one failed run).
-            carried = None if self._has_success() else self._carried_from_gateway(endpoint, job)
-            push_to_gateway(endpoint.url, job=job, registry=self._snapshot(carried), timeout=PUSH_TIMEOUT_SECONDS,
-                            handler=endpoint.handler)
+            url, shown, handler = _pushgateway_endpoint(gateway)
+            # A run that succeeded replaces the whole group (PUT), so targets of an earlier run
+            # never linger. One that did not replaces only the metrics it has (POST): the group's
+            # last success time stays, rather than vanishing and firing the absent() alert.
+            push = push_to_gateway if self._has_success() else pushadd_to_gateway
+            push(url, job=job, registry=self.registry, timeout=PUSH_TIMEOUT_SECONDS, handler=handler)
         except (OSError, http.client.HTTPException, ValueError) as e:
             log_event("metrics_push_failed", level=logging.WARNING, pushgateway=shown, job=job, error=_error_name(e))
             return f"warning: push to {shown} (job {job}) failed: {_error_name(e)}"
         log_event("metrics_pushed", pushgateway=shown, job=job)
         return f"pushed to {shown} (job {job})"
 
-    def _carried_from_gateway(self, endpoint: _PushEndpoint, job: str) -> float | None:
-        try:
-            return endpoint.last_success(job, self.prefix)
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            # Still push: this run's errors matter more than keeping the old success time.
-            log_event("metrics_last_success_unreadable", level=logging.WARNING, pushgateway=endpoint.shown,
-                      job=job, error=_error_name(e))
-            return None
-
     def _write_textfile(self, path: Path) -> str:
         try:
+            registry = self.registry
             carried = None if self._has_success() else _last_success_in_textfile(path, self.prefix)
+            if carried is not None:
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(self.registry)
+                Gauge(*_last_success_names(self.prefix), registry=registry).set(carried)
             # Temp file + rename in the same folder: node_exporter never reads half a file.
-            write_to_textfile(str(path), self._snapshot(carried))
+            write_to_textfile(str(path), registry)
         except OSError as e:
             log_event("metrics_textfile_failed", level=logging.WARNING, path=str(path), error=_error_name(e))
             return f"warning: textfile {path} not written: {_error_name(e)}"
         log_event("metrics_textfile_written", path=str(path))
         return f"wrote {path}"
 
-    def _snapshot(self, carried_last_success: float | None) -> CollectorRegistry:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self, carried_last_success))
-        return registry
-
     def _has_success(self) -> bool:
         with self._lock:
             return self._last_success is not None
 
 
-class _Collector(Collector):
-    def __init__(self, metrics: RotationMetrics, carried_last_success: float | None = None) -> None:
+class _RunFacts(Collector):
+    """The last success time and the current key version: absent rather than 0 while unknown (a 0
+    timestamp would read as "last success in 1970")."""
+
+    def __init__(self, metrics: RotationMetrics) -> None:
         self._metrics = metrics
-        self._carried = carried_last_success
 
     def collect(self) -> Iterable[Metric]:
-        return self._metrics.collect_families(self._carried)
+        m = self._metrics
+        with m._lock:
+            last_success, key_version = m._last_success, m._current_key_version
+            batch_size, replica_lag = m._batch_size, m._replica_lag
+        if batch_size is not None:
+            yield GaugeMetricFamily(f"{m.prefix}_batch_size", "Batch size the drain used last (adaptive or fixed).",
+                                    value=batch_size)
+        if replica_lag is not None:
+            yield GaugeMetricFamily(f"{m.prefix}_replica_lag_seconds",
+                                    "Replay lag of the furthest-behind replica, last measured by the drain.",
+                                    value=replica_lag)
+        if last_success is not None:
+            yield GaugeMetricFamily(*_last_success_names(m.prefix), value=last_success)
+        if key_version is not None:
+            yield GaugeMetricFamily(f"{m.prefix}_current_key_version",
+                                    "The current key version (integer versions only).", value=key_version)
 
 
-class _PushEndpoint:
-    """A Pushgateway address split into the URL to push to (no userinfo), the URL to show in
-    logs and results (no userinfo, query or fragment) and the basic-auth credentials, if any."""
+def _last_success_names(prefix: str) -> tuple[str, str]:
+    return (f"{prefix}_last_success_timestamp_seconds",
+            "Unix time at which the last rotation run ended without a fail-closed stop.")
 
-    def __init__(self, url: str, shown: str, username: str | None = None, password: str | None = None) -> None:
-        self.url = url
-        self.shown = shown
-        self._username = username
-        self._password = password
 
-    @classmethod
-    def parse(cls, gateway: str) -> _PushEndpoint:
-        parts = urlsplit(gateway if "://" in gateway else f"http://{gateway}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("pushgateway must be an http(s) URL with a host")
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-        netloc = f"{host}:{parts.port}" if parts.port is not None else host  # .port raises ValueError if bad
-        url = parts._replace(netloc=netloc).geturl()
-        shown = parts._replace(netloc=netloc, query="", fragment="").geturl()
-        if parts.username is None:
-            return cls(url, shown)
-        return cls(url, shown, unquote(parts.username), unquote(parts.password or ""))
+Handler = Callable[..., Callable[[], None]]
 
-    def handler(self, url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
-                data: bytes) -> Callable[[], None]:
-        if self._username is None:
-            return default_handler(url, method, timeout, headers, data)
-        return basic_auth_handler(url, method, timeout, headers, data, self._username, self._password)
 
-    def last_success(self, job: str, prefix: str) -> float | None:
-        """The success time that the group ``job`` holds now, read from the gateway's /metrics."""
-        request = Request(self.url.rstrip("/") + "/metrics")
-        if self._username is not None:
-            token = base64.b64encode(f"{self._username}:{self._password}".encode()).decode("ascii")
-            request.add_header("Authorization", f"Basic {token}")
-        with urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
-            text = response.read().decode("utf-8", errors="replace")
-        return _find_last_success(text, prefix, job=job)
+def _pushgateway_endpoint(gateway: str) -> tuple[str, str, Handler]:
+    """The URL to push to (credentials taken out), the URL to show (no query either), and the
+    handler: basic auth when the URL carried ``user:password@``."""
+    parts = urlsplit(gateway if "://" in gateway else f"http://{gateway}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("pushgateway must be an http(s) URL with a host")
+    netloc = parts.netloc.rpartition("@")[2]
+    parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    url = parts._replace(netloc=netloc).geturl()
+    shown = parts._replace(netloc=netloc, query="", fragment="").geturl()
+    if parts.username is None:
+        return url, shown, default_handler
+    return url, shown, partial(basic_auth_handler, username=unquote(parts.username),
+                               password=unquote(parts.password or ""))
 
 
 def _check_target(target: str) -> None:
@@ -251,16 +262,12 @@ def _last_success_in_textfile(path: Path, prefix: str) -> float | None:
     return _find_last_success(text, prefix)
 
 
-def _find_last_success(text: str, prefix: str, job: str | None = None) -> float | None:
-    """The last-success sample in an exposition text; with ``job``, only the group of that job
-    (the Pushgateway adds ``job`` and an empty ``instance`` label to the series of a group)."""
+def _find_last_success(text: str, prefix: str) -> float | None:
     name = f"{prefix}_last_success_timestamp_seconds"
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name != name:
-                    continue
-                if job is None or (sample.labels.get("job") == job and not sample.labels.get("instance")):
+                if sample.name == name:
                     return float(sample.value)
     except ValueError:
         return None  # a damaged exposition holds nothing trustworthy to carry forward

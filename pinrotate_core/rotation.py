@@ -7,31 +7,36 @@ composes them for a plain Python caller (no orchestrator needed). Nothing here p
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from .config import Settings, TargetSettings
-from .db import database_url, describe_db_error, make_engine, raw_connection
-from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
-from .errors import CiphertextInvalid, ConfigError, DatabaseError, KeyUnavailable, RefusedToStart, TargetBlocked
-from .formats.aesgcm import AesGcmCipherSet
-from .formats.fpc1 import Fpc1CipherSet
-from .gate import LEGACY_KEY, evaluate_gate
-from .inventory import Inventory, take_inventory
-from .inventory_fpc1 import capacity_blocker
+from ._files import write_atomically
+from .config import Settings, TargetSettings, pinrotate_home
+from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
+from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target, split_backlog
+from .durability import confirm_flushed
+from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
+from .gate import check_retire_key, evaluate_gate, gate_record, held_keys
+from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .reencrypt import DECRYPT_FAILED
-from .targets import ResolvedTarget, resolve_target
+from .schemes import build_scheme, check_keyring
+from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
+from .targets import resolve_target
+from .throttle import Throttle, ThrottleControlSource
 
 if TYPE_CHECKING:
     from .gate import GateReport
@@ -124,13 +129,33 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
     keyring: Keyring | None = None
-    resolved: dict[str, ResolvedTarget] = field(default_factory=dict)
+    schemes: dict[str, Scheme] = field(default_factory=dict)
+    # Sharing the database (issue 12): an orchestrator's pause / tune switch, and the run's one
+    # throttle (every target and worker of the run shares it, and with it the waits it counts).
+    throttle_control: ThrottleControlSource | None = None
+    throttle: Throttle | None = None
 
     @property
     def deadline(self) -> float:
         return self.started + self.settings.job.max_run_duration
 
+    @property
+    def throttled(self) -> bool:
+        """Does anything pace this run's batches (adaptive size, health limits, an operator's switch)?"""
+        job = self.settings.job
+        return (self.throttle_control is not None or job.adaptive_batch_target is not None
+                or any(v is not None for v in (job.max_replica_lag, job.critical_replica_lag,
+                                               job.max_active_sessions, job.critical_active_sessions)))
+
+    def run_throttle(self) -> Throttle:
+        if self.throttle is None:
+            self.throttle = Throttle.from_settings(self.engine, self.settings, control=self.throttle_control,
+                                                   run_id=self.run_id)
+        return self.throttle
+
     def close(self) -> None:
+        if self.throttle is not None:
+            self.throttle.close()
         self.engine.dispose()
 
 
@@ -159,6 +184,7 @@ def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) ->
 def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     """Read the keyring once for the run and check the start conditions (§4 refusals)."""
     keyring = ctx.provider.load_keyring()
+    apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
     ctx.keyring = keyring
     if announce:
@@ -167,62 +193,87 @@ def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     return keyring
 
 
+def apply_key_policy(ctx: RunContext, keyring: Keyring) -> None:
+    """A key source that carries the fpc1 switches itself (Forge's settings) decides them for the run:
+    pinrotate refuses and reads legacy values exactly when Forge's own migration endpoint would."""
+    if keyring.policy is None:
+        return
+    keys = ctx.settings.keys.model_copy(update={"write_versioned": keyring.policy.write_versioned,
+                                                "legacy_read_enabled": keyring.policy.legacy_read_enabled})
+    ctx.settings = ctx.settings.model_copy(update={"keys": keys})
+
+
 def check_start(ctx: RunContext, keyring: Keyring) -> None:
     formats = {t.format for t in ctx.targets}
     if ctx.expected_key is not None and ctx.expected_key != keyring.current:
         raise RefusedToStart(
             f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
-    if "aesgcm" in formats or "vault-transit" in formats:
-        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
-    if "fpc1" in formats:
-        # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
-        Fpc1CipherSet(keyring, legacy_format=ctx.settings.keys.legacy_format)
+    check_keyring(formats, keyring, ctx.settings.keys)
     if "fpc1" in formats and not ctx.dry_run:
+        policy = keyring.policy
+        if policy is not None and not policy.enabled:
+            raise RefusedToStart(f"{policy.enabled_setting} is false: Forge does not use its persistent keyring;"
+                                 " refusing to migrate (a --dry-run is allowed)")
         if not ctx.settings.keys.write_versioned:
-            raise RefusedToStart("keys.write_versioned is false: refusing to migrate until every writer writes FPC1"
+            setting = policy.write_versioned_setting if policy is not None else "keys.write_versioned"
+            raise RefusedToStart(f"{setting} is false: refusing to migrate until every writer writes FPC1"
                                  " (a --dry-run is allowed)")
         if ctx.expected_key is None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
 
 
-def resolve_all(ctx: RunContext) -> dict[str, ResolvedTarget]:
-    """Resolve every target before anything is written: one blocked target stops the start (exit 2)."""
+def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
+    """Resolve every target and bind its scheme before anything is written: one blocked target
+    stops the start (exit 2)."""
+    assert ctx.keyring is not None, "read_current_key first"
     try:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
-                ctx.resolved[t.name] = resolve_target(conn, t)
-                if t.format == "fpc1" and ctx.keyring is not None:
-                    # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
-                    reason = capacity_blocker(conn, ctx.resolved[t.name], ctx.keyring.current,
-                                              legacy_format=ctx.settings.keys.legacy_format, tenant=ctx.tenant)
-                    if reason is not None:
-                        raise TargetBlocked(t.name, reason)
+                scheme = build_scheme(resolve_target(conn, t), ctx.keyring, ctx.settings.keys, ctx.provider)
+                # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
+                reason = capacity_blocker(conn, scheme, ctx.tenant)
+                if reason is not None:
+                    raise TargetBlocked(t.name, reason)
+                ctx.schemes[t.name] = scheme
     except TargetBlocked as e:
         raise ConfigError(f"{e}; nothing was touched") from None
-    return ctx.resolved
+    except psycopg.Error as e:
+        raise DatabaseError(f"cannot resolve the targets ({describe_db_error(e)})") from None
+    return ctx.schemes
 
 
 def drain(ctx: RunContext, name: str, *, workers: int | None = None,
-          on_batch: Callable[[BatchEvent], None] | None = None) -> DrainResult:
+          on_batch: Callable[[BatchEvent], None] | None = None,
+          id_range: tuple[Any, Any] = (None, None)) -> DrainResult:
+    """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end)."""
+    return drain_target(ctx.engine, ctx.schemes[name], _drain_options(ctx, workers, on_batch, id_range))
+
+
+def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callable[[BatchEvent], None] | None = None,
+                   id_range: tuple[Any, Any] = (None, None)) -> DrainOptions:
     assert ctx.keyring is not None, "read_current_key first"
     job = ctx.settings.job
-    options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
-                           inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
-                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant)
-    return drain_target(ctx.engine, ctx.resolved[name], ctx.keyring, options, keys=ctx.settings.keys,
-                        provider=ctx.provider)
+    return DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
+                        inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
+                        stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
+                        lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
+                        throttle=ctx.run_throttle() if ctx.throttled else None, id_range=id_range)
+
+
+def plan_shards(ctx: RunContext, name: str, shards: int) -> list[tuple[tuple[Any, Any], int]]:
+    """A target's backlog as at most ``shards`` id ranges of similar row counts, each with its backlog
+    (one range for a target with nothing to do): the shards a distributed run drains side by side."""
+    return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
-    assert ctx.keyring is not None
     out: dict[str, Any] = {}
     with raw_connection(ctx.engine) as conn:
         for name, result in results.items():
-            target = ctx.resolved[name]
             entry: dict[str, Any] = {"backlog": result.backlog_remaining}
-            if not ctx.dry_run and result.sample_ids and target.settings.format == "aesgcm":
-                sampled, ok = _verify_sample(conn, target, ctx.keyring, result.sample_ids)
+            if not ctx.dry_run and result.sample_ids:
+                sampled, ok = _verify_sample(conn, ctx.schemes[name], result.sample_ids)
                 entry.update(sampled=sampled, decrypted=ok, ok=(ok == sampled))
             else:
                 entry.update(sampled=0, decrypted=0, ok=True)
@@ -230,49 +281,49 @@ def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     return out
 
 
-def _verify_sample(conn: psycopg.Connection[Any], target: ResolvedTarget, keyring: Keyring,
-                   ids: Sequence[Any]) -> tuple[int, int]:
-    """Re-read rows this run committed and decrypt every value with the row's key."""
-    t = target.settings
-    ciphers = AesGcmCipherSet(keyring)
-    query = sql.SQL("SELECT {id}, {kv}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
-        kv=sql.Identifier(t.key_version or ""), cols=sql.SQL(", ").join(sql.Identifier(c) for c in t.columns),
-        rel=target.relation, id=sql.Identifier(t.id))
+def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[Any]) -> tuple[int, int]:
+    """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
+    target = scheme.target
+    query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
+        cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation, id=sql.Identifier(target.settings.id))
     sampled = ok = 0
     for row in conn.cursor(binary=True).execute(query, [list(ids)]).fetchall():
         sampled += 1
-        try:
-            for enc, stored in zip(target.encodings, row[2:]):
-                if stored is not None:
-                    ciphers.decrypt(str(row[1]), enc.to_bytes(stored))
+        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
+            log_event("verify_failed", level=40, target=target.name, id=str(row[0]))
+        else:
             ok += 1
-        except (KeyUnavailable, CiphertextInvalid):
-            log_event("verify_failed", level=40, target=t.name, id=str(row[0]))
     return sampled, ok
 
 
 def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """The gate for every older key of the keyring, from a fresh (shallow) inventory of the run's targets."""
     assert ctx.keyring is not None
-    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
+    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant,
+                         provider=ctx.provider)
     for name, r in results.items():
         if name in inv.targets:
             # Rows that did not decrypt; fpc1 values on a missing key are UNKNOWN_KEY in the inventory.
             inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
     out: dict[str, Any] = {}
     ring = ctx.keyring
-    if ring.server_side:
-        # Transit keeps its versions server-side: every older version it can still decrypt.
-        keys = [str(v) for v in range(max(1, ring.min_decryption_version or 1), ring.current_version)]
-    else:
-        keys = list(ring.ids())
-    if any(t.format == "fpc1" for t in ctx.targets):
-        keys.append(LEGACY_KEY)
-    for key in keys:
-        if key == ctx.keyring.current:
-            continue
-        report = evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()})
-        out[key] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n}}
+    # Every key `gate --retire` would answer about (Transit: every older version it still decrypts);
+    # legacy only for fpc1 targets.
+    keys = [k for k in held_keys(ring) if k != ring.current]
+    if not any(t.format == "fpc1" for t in ctx.targets):
+        keys = [k for k in keys if k != LEGACY_KEY]
+    verdicts = {key: evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()}) for key in keys}
+    durable = True
+    if any(v.open for v in verdicts.values()):
+        try:
+            with raw_connection(ctx.engine) as conn:
+                confirm_flushed(conn)
+        except DatabaseError as e:
+            # Fail closed: no key is reported free on commits that a crash could still undo.
+            log_event("gate_not_durable", level=40, run_id=ctx.run_id, error=str(e))
+            durable = False
+    for key, report in verdicts.items():
+        out[key] = {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n}}
     return out
 
 
@@ -298,11 +349,15 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
 
 def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
                  expected_key: str | None = None, tenant: str | None = None,
-                 stop: threading.Event | None = None) -> RunReport:
-    """The whole run without an orchestrator: targets drained one after another, in order."""
+                 stop: threading.Event | None = None,
+                 throttle_control: ThrottleControlSource | None = None) -> RunReport:
+    """The whole run without an orchestrator: targets drained one after another, in order.
+
+    ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
     ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
     if stop is not None:
         ctx.stop = stop
+    ctx.throttle_control = throttle_control
     try:
         keyring = read_current_key(ctx)
         resolve_all(ctx)
@@ -329,7 +384,7 @@ def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = No
     keyring = provider.load_keyring()
     engine = make_engine(database_url(settings), pool_size=2)
     try:
-        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant)
+        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
     finally:
         engine.dispose()
 
@@ -370,10 +425,54 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
 
     metrics = RotationMetrics.from_settings(ctx.settings.metrics)
     record_metrics(report, metrics)
+    if ctx.throttle is not None:
+        ctx.throttle.record(metrics)
     return metrics.deliver(ctx.settings.metrics)
 
 
 def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
-    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict."""
-    inv = inventory(settings, deep=deep, tenant=tenant)
-    return evaluate_gate(inv, key)
+    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict,
+    with what the change-ticket record names: database identity, keyring source, counts, scope.
+
+    A KEY the keyring does not hold, or the current key, is refused before the database is read
+    (``KeyNotRetirable``, exit 2). An open verdict is given only once the WAL behind every commit
+    the inventory saw is flushed (``durability.confirm_flushed``).
+    """
+    check_tenant_scope(settings.targets, tenant)
+    provider = build_provider(settings)
+    keyring = provider.load_keyring()
+    check_retire_key(keyring, key)
+    engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
+        report = evaluate_gate(inv, key)
+        if report.open:
+            with raw_connection(engine) as conn:
+                report.durability = confirm_flushed(conn)
+        report.database = database_identity(engine)
+    finally:
+        engine.dispose()
+    report.keyring_source = keyring.source
+    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,
+                    "targets": [t.name for t in settings.targets]}
+    return report
+
+
+def write_gate_record(report: GateReport, *, ticket: str | None, path: str | None) -> Path:
+    """Write the change-ticket record atomically; the default path is under $PINROTATE_HOME/records."""
+    now = datetime.now(UTC)
+    record = gate_record(report, ticket=ticket, recorded_at=now)
+    if path is None:
+        key, slug = (re.sub(r"[^A-Za-z0-9_-]+", "_", text)[:64] for text in (report.key, ticket or "no-ticket"))
+        target = pinrotate_home() / "records" / f"gate-{key}-{slug}-{now:%Y%m%dT%H%M%SZ}.json"
+    else:
+        target = Path(path).expanduser()
+        if not target.parent.is_dir():
+            raise ConfigError(f"--record: folder {target.parent} does not exist")
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomically(target, json.dumps(record, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError(f"--record: cannot write {target} ({e.strerror})") from None
+    return target

@@ -2,19 +2,20 @@
 
 Resolution checks what the migrator must not fix itself (contract §6 BLOCKED): missing table or
 column, no single primary key, a read-only connection, missing privileges, an unusable column
-type. It never runs DDL.
+type, row-level security that hides rows from the role, UPDATE triggers that a re-encryption would
+fire (unless the target's ``triggers`` setting says otherwise). It never runs DDL.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from .config import TargetSettings
 from .errors import DatabaseError, TargetBlocked
-from .formats.aesgcm import ColumnEncoding
 
 CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar"}
 INTEGER_TYPES = {"int2", "int4", "int8", "numeric"}
@@ -38,7 +39,9 @@ class ResolvedTarget:
     id_column: Column
     key_version: Column | None
     columns: tuple[Column, ...]
-    encodings: tuple[ColumnEncoding, ...]
+    # triggers = "disable": every writing batch runs SET LOCAL session_replication_role = replica
+    # (see ``begin_writing_batch``); checked at resolve time that the role may set it.
+    disable_triggers: bool = False
 
     @property
     def name(self) -> str:
@@ -124,7 +127,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         need(t.tenant, "tenant")
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
-    encodings = tuple(ColumnEncoding.for_sql_type(c.type_name) for c in cipher_cols)
     if t.format == "aesgcm" and any(c.type_name in ("json", "jsonb") for c in cipher_cols):
         raise TargetBlocked(t.name, "aesgcm cipher columns must be bytea or text")
     if t.format == "fpc1":
@@ -136,6 +138,121 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             if c.type_name in ("json", "jsonb") and not t.json_paths.get(c.name):
                 raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}: name its encrypted fields "
                                             "in json_paths")
-    # The room an fpc1 value needs after migration depends on the data and the active key:
-    # inventory_fpc1.capacity_blocker checks it (rotation.resolve_all, inventory).
-    return ResolvedTarget(t, relation, id_column, key_version, cipher_cols, encodings)
+    # The room a value needs after rewriting depends on the data and the current key:
+    # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
+    _check_row_security(conn, t, oid)
+    written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
+    disable_triggers = _check_triggers(conn, t, oid, written)
+    return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
+                          disable_triggers=disable_triggers)
+
+
+def _check_row_security(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object) -> None:
+    """BLOCKED when row-level security applies to the connecting role on the table.
+
+    Counts and the drain's selection would then see only what the policies show, and the gate could
+    open while hidden rows are still on the key. ``row_security_active`` is PostgreSQL's own answer
+    (superusers and BYPASSRLS roles bypass; the owner bypasses unless FORCE ROW LEVEL SECURITY).
+    """
+    try:
+        row = conn.execute(
+            """
+            SELECT row_security_active(c.oid), current_user, r.rolbypassrls,
+                   pg_has_role(current_user, c.relowner, 'USAGE'), c.relforcerowsecurity
+              FROM pg_class c, pg_roles r
+             WHERE c.oid = %s AND r.rolname = current_user
+            """,
+            (oid,),
+        ).fetchone()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
+    if row is None or not row[0]:
+        return
+    _, role, _, owner, forced = row
+    why = ("it owns the table, but FORCE ROW LEVEL SECURITY is set" if owner and forced
+           else "it has neither BYPASSRLS nor ownership of the table")
+    raise TargetBlocked(t.name, f"row-level security on {t.table} applies to role {role} ({why}): counts and "
+                                "re-encryption would see only the rows its policies show; run as a role with "
+                                "BYPASSRLS")
+
+
+def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
+                    written: list[str]) -> bool:
+    """Apply the target's ``triggers`` setting; True when batches must run with triggers disabled.
+
+    Looks at the non-internal, enabled UPDATE triggers of the table and of its partitions and
+    inheritance children (an UPDATE through the parent fires theirs too), row- and statement-level,
+    leaving out ``UPDATE OF`` triggers on columns pinrotate never writes; and ON UPDATE rules of the
+    table, which rewrite the UPDATE the same way. ``tgenabled`` / ``ev_enabled``: 'O' fires in the
+    normal (origin) mode only, 'R' in replica mode only, 'A' always.
+    """
+    try:
+        rows = conn.execute(
+            """
+            WITH RECURSIVE rels(oid) AS (
+                SELECT %s::oid
+                UNION
+                SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.oid
+            )
+            SELECT tg.tgname::text, tg.tgrelid = %s::oid, tg.tgrelid::regclass::text, tg.tgenabled::text
+              FROM pg_trigger tg JOIN rels ON tg.tgrelid = rels.oid
+             WHERE NOT tg.tgisinternal
+               AND (tg.tgtype::int & 16) <> 0          -- TRIGGER_TYPE_UPDATE
+               AND tg.tgenabled <> 'D'
+               AND (cardinality(tg.tgattr::int2[]) = 0
+                    OR tg.tgattr::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
+                                                   WHERE a.attrelid = tg.tgrelid AND a.attname = ANY(%s)))
+            UNION ALL
+            SELECT 'rule ' || r.rulename::text, true, r.ev_class::regclass::text, r.ev_enabled::text
+              FROM pg_rewrite r
+             WHERE r.ev_class = %s::oid AND r.ev_type = '2' AND r.ev_enabled <> 'D'   -- ON UPDATE rules
+             ORDER BY 3, 1
+            """,
+            (oid, oid, written, oid),
+        ).fetchall()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
+    if t.triggers == "fire":
+        return False
+
+    def names(modes: str) -> list[str]:
+        return [str(name) if on_target else f"{rel}.{name}" for name, on_target, rel, mode in rows if str(mode) in modes]
+
+    if t.triggers == "block":
+        firing = names("OA")
+        if firing:
+            what = "UPDATE triggers or rules" if any(n.startswith("rule ") for n in firing) else "UPDATE triggers"
+            raise TargetBlocked(t.name, f"{t.table} has {what} that re-encryption would fire: "
+                                        f"{', '.join(firing)}; set triggers = \"disable\" or \"fire\" on the target")
+        return False
+    # "disable": session_replication_role = replica silences 'O' triggers only.
+    still_firing = names("RA")
+    if still_firing:
+        raise TargetBlocked(t.name, f"triggers = \"disable\" cannot silence {', '.join(still_firing)} on {t.table} "
+                                    "(ENABLE ALWAYS or ENABLE REPLICA triggers fire under session_replication_role "
+                                    "= replica)")
+    try:
+        role_row = conn.execute("SELECT current_user").fetchone()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the current role ({type(e).__name__})") from None
+    role = role_row[0] if role_row else "?"
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL session_replication_role = replica")
+    except psycopg.errors.InsufficientPrivilege:
+        raise TargetBlocked(t.name, f"triggers = \"disable\": role {role} may not set session_replication_role "
+                                    "(it needs superuser, or on PostgreSQL 15+ GRANT SET ON PARAMETER "
+                                    "session_replication_role)") from None
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot check session_replication_role ({type(e).__name__})") from None
+    return True
+
+
+def begin_writing_batch(conn: psycopg.Connection[Any], target: ResolvedTarget) -> None:
+    """Call right after BEGIN of every transaction that writes a batch of ``target``.
+
+    ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
+    (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
+    """
+    if target.disable_triggers:
+        conn.execute("SET LOCAL session_replication_role = replica")

@@ -48,7 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # A developer's shell may carry PINROTATE_DATABASE_URL or PINROTATE_KEY_*: a test must never
     # reach a real database or real keys through them. PINROTATE_TEST_* are ours, kept.
     for name in list(os.environ):
-        if name.startswith("PINROTATE_") and not name.startswith("PINROTATE_TEST_"):
+        # FORGE_CRYPTO_*: the forge provider reads Forge's keys from them.
+        if (name.startswith("PINROTATE_") and not name.startswith("PINROTATE_TEST_")) or name.startswith("FORGE_CRYPTO_"):
             _SAVED_ENV[name] = os.environ.pop(name)
     _SESSION_HOME = Path(tempfile.mkdtemp(prefix="pinrotate-home-"))
     _SAVED_ENV.setdefault("PINROTATE_HOME", None)

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from pinrotate_core import presets
+from flows import presets
 from pinrotate_core.providers.file import FileKeyProvider
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.presets import PIN_PROFILE_TOML
 from pinrotate_core.config import Settings, load_settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.presets import PIN_PROFILE_TOML
 
 SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
 DB_URL = f"postgresql://app:{SECRET}@db.internal/profile"
@@ -294,3 +294,169 @@ def test_an_unknown_target_name_lists_the_configured_ones(tmp_path: Path) -> Non
         settings.target("Nobody")
     assert "--target Nobody" in str(err.value) and "Person, PersonDocument" in str(err.value)
 
+
+
+# -- strict types -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("job, setting", [
+    ('batch_size = "200"', "job.batch_size"),
+    ("batch_size = 200.0", "job.batch_size"),
+    ("batch_size = true", "job.batch_size"),
+    ('single_instance = "true"', "job.single_instance"),
+    ("single_instance = 1", "job.single_instance"),
+    ('inter_batch_delay = "0.2"', "job.inter_batch_delay"),
+    ('lock_timeout = "2"', "job.lock_timeout"),
+])
+def test_a_string_or_other_type_in_the_file_is_refused_where_a_number_or_boolean_belongs(
+        tmp_path: Path, job: str, setting: str) -> None:
+    message = refused(write(tmp_path / "p.toml", config_text(job)))
+    assert setting in message and "\n" not in message
+
+
+def test_whole_seconds_are_accepted_where_a_duration_is_a_float(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text("inter_batch_delay = 1\nlock_timeout = 3")), env={})
+    assert (s.job.inter_batch_delay, s.job.lock_timeout) == (1.0, 3.0)
+
+
+def test_environment_strings_are_converted_by_the_settings_type(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text()),
+                      env={"PINROTATE_BATCH_SIZE": "200", "PINROTATE_SINGLE_INSTANCE": "yes",
+                           "PINROTATE_LOCK_TIMEOUT": "1.5"})
+    assert (s.job.batch_size, s.job.single_instance, s.job.lock_timeout) == (200, True, 1.5)
+
+
+# -- the settings of contract §3 -----------------------------------------------------------------
+
+
+def test_the_newer_settings_default_as_documented(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", TARGET), env={})
+    job = s.job
+    assert (job.task_runner, job.dask_address, job.batch_time_target) == ("threads", None, None)
+    assert (job.batch_size_min, job.batch_size_max) == (50, 5000)
+    assert (job.max_replica_lag, job.max_active_sessions) == (None, None)
+    assert (job.critical_replica_lag, job.critical_active_sessions) == (None, None)
+    assert (job.lock_timeout, job.statement_timeout) == (2.0, 30.0)
+    assert job.throttle_variable == "pinrotate_throttle"
+    assert s.database.replicas is None
+    assert s.keys.legacy_plaintext == "utf8"
+    assert s.targets[0].triggers == "block"
+
+
+def test_every_newer_setting_is_read_from_the_file(tmp_path: Path) -> None:
+    job = "\n".join([
+        'task_runner = "dask"', 'dask_address = "tcp://scheduler:8786"', "batch_time_target = 0.25",
+        "batch_size_min = 10", "batch_size_max = 900", "max_replica_lag = 1.5", "max_active_sessions = 40",
+        "critical_replica_lag = 30", "critical_active_sessions = 90", "lock_timeout = 0.5",
+        "statement_timeout = 12", 'throttle_variable = "profile-throttle"',
+    ])
+    extra = '[keys]\nlegacy_plaintext = "bytes"\n'
+    database = f'url = "{DB_URL}"\nreplicas = ["postgresql://app@replica-1/profile", "postgres://app@replica-2/p"]'
+    path = write(tmp_path / "p.toml", config_text(job, extra, TARGET + 'triggers = "disable"\n', database))
+    s = load_settings(path, env={})
+    assert (s.job.task_runner, s.job.dask_address, s.job.batch_time_target) == ("dask", "tcp://scheduler:8786", 0.25)
+    assert (s.job.batch_size_min, s.job.batch_size_max) == (10, 900)
+    assert (s.job.max_replica_lag, s.job.max_active_sessions) == (1.5, 40)
+    assert (s.job.critical_replica_lag, s.job.critical_active_sessions) == (30.0, 90)
+    assert (s.job.lock_timeout, s.job.statement_timeout, s.job.throttle_variable) == (0.5, 12.0, "profile-throttle")
+    assert s.database.replicas == ("postgresql://app@replica-1/profile", "postgres://app@replica-2/p")
+    assert s.keys.legacy_plaintext == "bytes" and s.targets[0].triggers == "disable"
+
+
+def test_no_replicas_is_a_setting_of_its_own(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.toml", config_text(database=f'url = "{DB_URL}"\nreplicas = []'))
+    assert load_settings(path, env={}).database.replicas == ()
+
+
+@pytest.mark.parametrize("job, target, first", [
+    ("", None, 200),  # neither batch_size nor batch_time_target: adaptive, 0.5 s
+    ("batch_size = 300", None, 300),  # batch_size alone: fixed batches, as before
+    ("batch_time_target = 2.0", 2.0, 200),
+    ("batch_size = 20\nbatch_time_target = 2.0", 2.0, 50),  # adaptive: the first batch within the bounds
+    ("batch_size = 9000\nbatch_size_max = 1000", None, 9000),  # fixed batches ignore the adaptive bounds
+])
+def test_batches_adapt_unless_only_a_fixed_batch_size_is_given(tmp_path: Path, job: str, target: float | None,
+                                                               first: int) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text(job)), env={})
+    expected = 0.5 if not job else target
+    assert s.job.adaptive_batch_target == expected
+    assert s.job.first_batch_size == first
+
+
+def test_a_batch_size_from_the_environment_also_means_fixed_batches(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path / "p.toml", config_text()), env={"PINROTATE_BATCH_SIZE": "100"})
+    assert s.job.adaptive_batch_target is None and s.job.batch_size == 100
+
+
+def test_every_newer_job_setting_has_its_environment_variable(tmp_path: Path) -> None:
+    env = {
+        "PINROTATE_POLLING_INTERVAL": "60", "PINROTATE_TASK_RUNNER": "dask",
+        "PINROTATE_DASK_ADDRESS": "tcp://10.0.0.5:8786", "PINROTATE_BATCH_TIME_TARGET": "0.75",
+        "PINROTATE_BATCH_SIZE_MIN": "5", "PINROTATE_BATCH_SIZE_MAX": "500", "PINROTATE_MAX_REPLICA_LAG": "2",
+        "PINROTATE_MAX_ACTIVE_SESSIONS": "30", "PINROTATE_CRITICAL_REPLICA_LAG": "20",
+        "PINROTATE_CRITICAL_ACTIVE_SESSIONS": "80", "PINROTATE_LOCK_TIMEOUT": "1",
+        "PINROTATE_STATEMENT_TIMEOUT": "10", "PINROTATE_THROTTLE_VARIABLE": "eu_throttle",
+    }
+    job = load_settings(write(tmp_path / "p.toml", config_text()), env=env).job
+    assert (job.polling_interval, job.task_runner, job.dask_address) == (60, "dask", "tcp://10.0.0.5:8786")
+    assert (job.batch_time_target, job.batch_size_min, job.batch_size_max) == (0.75, 5, 500)
+    assert (job.max_replica_lag, job.max_active_sessions) == (2.0, 30)
+    assert (job.critical_replica_lag, job.critical_active_sessions) == (20.0, 80)
+    assert (job.lock_timeout, job.statement_timeout, job.throttle_variable) == (1.0, 10.0, "eu_throttle")
+
+
+NEWER_BAD = {
+    "unknown_task_runner": (config_text('task_runner = "processes"'), "job.task_runner"),
+    "dask_address_without_dask": (config_text('dask_address = "tcp://h:8786"'),
+                                  'job: dask_address is only used with task_runner = "dask"'),
+    "dask_address_not_an_address": (config_text(f'task_runner = "dask"\ndask_address = "{SECRET} x"'),
+                                    "job.dask_address"),
+    "batch_time_target_zero": (config_text("batch_time_target = 0"), "job.batch_time_target"),
+    "batch_size_min_zero": (config_text("batch_size_min = 0"), "job.batch_size_min"),
+    "min_above_max": (config_text("batch_size_min = 600\nbatch_size_max = 500"),
+                      "job: batch_size_min must not be greater than batch_size_max"),
+    "negative_replica_lag": (config_text("max_replica_lag = -1"), "job.max_replica_lag"),
+    "sessions_not_an_integer": (config_text("max_active_sessions = 2.5"), "job.max_active_sessions"),
+    "critical_lag_below_max": (config_text("max_replica_lag = 5\ncritical_replica_lag = 5"),
+                               "job: critical_replica_lag must be greater than max_replica_lag"),
+    "critical_sessions_below_max": (config_text("max_active_sessions = 50\ncritical_active_sessions = 10"),
+                                    "job: critical_active_sessions must be greater than max_active_sessions"),
+    "lock_timeout_zero": (config_text("lock_timeout = 0"), "job.lock_timeout"),
+    "statement_timeout_negative": (config_text("statement_timeout = -3"), "job.statement_timeout"),
+    "throttle_variable_not_a_prefect_name": (config_text('throttle_variable = "Throttle Me"'),
+                                             "job.throttle_variable"),
+    "bad_legacy_plaintext": (config_text(extra=f'[keys]\nlegacy_plaintext = "{SECRET}"\n'), "keys.legacy_plaintext"),
+    "bad_triggers": (config_text(target=TARGET + f'triggers = "{SECRET}"\n'), "targets[0].triggers"),
+    "replica_not_a_postgresql_url": (config_text(database=f'url = "{DB_URL}"\nreplicas = ["mysql://{SECRET}@h/d"]'),
+                                     "database.replicas: entry 0 is not a postgresql:// URL"),
+    "replicas_not_a_list": (config_text(database=f'url = "{DB_URL}"\nreplicas = "{DB_URL}"'), "database.replicas"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEWER_BAD))
+def test_every_newer_setting_is_checked_in_one_line_without_its_value(tmp_path: Path, case: str) -> None:
+    text, named = NEWER_BAD[case]
+    path = write(tmp_path / "pinrotate.toml", text)
+    message = refused(path)
+    assert message.startswith(f"{path}: ") and named in message
+    assert "\n" not in message and SECRET not in message and "db.internal" not in message
+
+
+def test_a_bad_newer_override_names_its_variable(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.toml", config_text())
+    message = refused(path, {"PINROTATE_TASK_RUNNER": SECRET})
+    assert message.startswith(f"{path}: job.task_runner (from PINROTATE_TASK_RUNNER): ") and SECRET not in message
+    message = refused(path, {"PINROTATE_BATCH_SIZE_MIN": "6000"})
+    assert message == f"{path}: job: batch_size_min must not be greater than batch_size_max"
+
+
+def test_the_forge_provider_reads_forges_own_bootstrap_file_by_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("FORGE_CRYPTO_BOOTSTRAP_FILE", raising=False)
+    path = write(tmp_path / "p.toml", config_text(extra='[keys]\nprovider = "forge"\n'))
+    assert load_settings(path, env={}).keys.file_path == tmp_path / ".forge" / "secrets" / "crypto.properties"
+    monkeypatch.setenv("FORGE_CRYPTO_BOOTSTRAP_FILE", str(tmp_path / "mounted" / "crypto.properties"))
+    assert load_settings(path, env={}).keys.file_path == tmp_path / "mounted" / "crypto.properties"
+    explicit = write(tmp_path / "q.toml", config_text(extra='[keys]\nprovider = "forge"\nfile = "~/f.properties"\n'))
+    assert load_settings(explicit, env={}).keys.file_path == tmp_path / "f.properties"

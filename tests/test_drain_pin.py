@@ -24,15 +24,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pinrotate_core import presets, rotation
-from pinrotate_core.config import Settings, load_settings, settings_from_mapping
-from pinrotate_core.drain import BatchEvent
-from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
-from pinrotate_core.gate import evaluate_gate
-from pinrotate_core.keyring import Keyring
-from pinrotate_core.log import LOGGER_NAME
-from pinrotate_core.presets import (
+from flows import presets
+from flows.presets import (
     CIPHER_COLUMNS,
     PERSON_DOCUMENTS,
     PERSONS,
@@ -41,7 +34,15 @@ from pinrotate_core.presets import (
     VERIFICATION_REQUESTS,
     SeedSummary,
 )
+from pinrotate_core import rotation
+from pinrotate_core.config import Settings, load_settings, settings_from_mapping
+from pinrotate_core.drain import BatchEvent
+from pinrotate_core.errors import ConfigError, RefusedToStart
+from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.keyring import Keyring
+from pinrotate_core.log import LOGGER_NAME
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 from .helpers import assert_secret_free, b64
 

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from tests.pinprofile import REPO, PinProfile, cli, seed_profile
 
 CONTRACT_TARGET_KEYS = {"reencrypted", "failed", "conflicts", "backlog_remaining", "batches", "duration_ms"}

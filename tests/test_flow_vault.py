@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pinrotate_core import presets
+from flows import presets
 from pinrotate_core.keyring import Key, Keyring
 from tests.pinprofile import write_config
 from tests.vault_server import BaoAdmin

@@ -18,23 +18,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pinrotate_core.errors import CiphertextInvalid, ConfigError, KeyUnavailable
-from pinrotate_core.formats import (
-    AesGcmCipherSet,
-    ColumnEncoding,
-    Fpc1CipherSet,
-    LegacyCipher,
-    classify,
+from pinrotate_core.keyring import Key, Keyring
+from pinrotate_core.schemes._json_paths import (
     extract_json_values,
-    format_fpc1,
     get_json_path,
     json_values_in,
-    looks_like_legacy,
-    parse_fpc1,
     parse_json_path,
     replace_json_values,
     set_json_path,
 )
-from pinrotate_core.keyring import Key, Keyring
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
+from pinrotate_core.schemes.fpc1 import (
+    Fpc1CipherSet,
+    LegacyCipher,
+    classify,
+    format_fpc1,
+    looks_like_legacy,
+    parse_fpc1,
+)
 
 VECTORS = Path(__file__).parent / "vectors"
 
@@ -141,9 +142,10 @@ def test_legacy_vector_decrypts_under_the_legacy_key(vector: dict[str, Any]) -> 
         _ring("k2", {"k2": KEY_B}, legacy=key),
         legacy_format=vector["legacy_format"],
         legacy_read_enabled=True,
+        legacy_plaintext="bytes",  # some vectors hold binary plaintexts
     )
     assert ciphers.decrypt(vector["expected"]) == plaintext
-    assert LegacyCipher(Key("legacy", key), vector["legacy_format"]).decrypt(vector["expected"]) == plaintext
+    assert LegacyCipher(Key("legacy", key), vector["legacy_format"], "bytes").decrypt(vector["expected"]) == plaintext
     assert ciphers.classify(vector["expected"]).kind == "legacy-candidate"
     assert looks_like_legacy(vector["expected"], vector["legacy_format"])
     # Re-encryption moves it to FPC1 under the current key: nothing is written in a legacy form.
@@ -556,3 +558,33 @@ def test_json_rewrite_refuses_duplicate_keys_and_missing_paths() -> None:
         replace_json_values('{"other": "a"}', {"$.password": "c"})
     with pytest.raises(LookupError):
         replace_json_values('{"password": 5}', {"$.password": "c"})
+
+
+def test_ecb_legacy_values_under_another_key_are_refused_unless_their_plaintext_is_utf8() -> None:
+    """AES-ECB has no tag: about 1 in 256 foreign values pass the PKCS#7 padding check alone.
+    With legacy_plaintext = "utf8" (the default) such a value must also decrypt to UTF-8 text."""
+    import secrets
+
+    from pinrotate_core._primitives import AesEcbPkcs7
+
+    legacy_key, foreign_key = secrets.token_bytes(16), secrets.token_bytes(16)
+    # Binary plaintexts (as a foreign value decrypted under the wrong key looks), written under another key.
+    foreign = [base64.b64encode(AesEcbPkcs7(foreign_key).encrypt(secrets.token_bytes(24))).decode() for _ in range(4000)]
+    strict = LegacyCipher(Key("legacy", legacy_key), "aes-ecb-b64")
+    lax = LegacyCipher(Key("legacy", legacy_key), "aes-ecb-b64", "bytes")
+
+    def accepted(cipher: LegacyCipher) -> int:
+        n = 0
+        for value in foreign:
+            try:
+                cipher.decrypt(value)
+                n += 1
+            except CiphertextInvalid:
+                pass
+        return n
+
+    assert accepted(lax) > 0  # the padding check alone lets some through (expected ~16 of 4000)
+    assert accepted(strict) <= accepted(lax) // 4  # UTF-8 decoding refuses nearly all of them
+    text = "Zoë Müller, 1990-01-01"
+    own = base64.b64encode(AesEcbPkcs7(legacy_key).encrypt(text.encode())).decode()
+    assert strict.decrypt(own).decode() == text

@@ -26,13 +26,13 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
-from pinrotate_core.drain import DrainOptions
-from pinrotate_core.drain_fpc1 import Fpc1Drain, Fpc1DrainResult
+from pinrotate_core.drain import Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.formats.fpc1 import Fpc1CipherSet, parse_fpc1
-from pinrotate_core.inventory_fpc1 import ValueClass, classify_value, length_after, live_condition
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes.base import ValueClass
+from pinrotate_core.schemes.fpc1 import Fpc1CipherSet, classify_value, length_after, parse_fpc1
+from pinrotate_core.scope import live_condition
 from pinrotate_core.state import state_dir
 
 from .helpers import assert_secret_free
@@ -80,6 +80,7 @@ def write_keys(path: Path, current: str = "k2", keys: dict[str, bytes] | None = 
     lines.append("[keys]\n")
     lines += [f'{k} = "{base64.b64encode(v).decode()}"\n' for k, v in keys.items()]
     path.write_text("".join(lines), encoding="utf-8")
+    path.chmod(0o600)
 
 
 def ring() -> Keyring:
@@ -301,15 +302,15 @@ def test_a_dry_run_needs_no_expected_key_version_and_runs_read_only(
 
 
 def drain_with_hook(settings: Settings, target: str, hook: Callable[[int, Sequence[Any]], None],
-                    tenant: str | None = None) -> Fpc1DrainResult:
+                    tenant: str | None = None) -> DrainResult:
     """Run one fpc1 drain through the run's own steps, with ``hook`` between read and write."""
     ctx = rotation.open_run(settings, target_names=[target], expected_key="k2", tenant=tenant)
     try:
-        keyring = rotation.read_current_key(ctx)
+        rotation.read_current_key(ctx)
         rotation.resolve_all(ctx)
-        options = DrainOptions(batch_size=settings.job.batch_size, run_id=ctx.run_id, tenant=tenant)
-        return Fpc1Drain(ctx.engine, ctx.resolved[target], keyring, options, keys=settings.keys,
-                         before_write=hook).run()
+        options = DrainOptions(batch_size=settings.job.batch_size, run_id=ctx.run_id, tenant=tenant,
+                               before_write=hook)
+        return Drain(ctx.engine, ctx.schemes[target], options).run()
     finally:
         ctx.close()
 
@@ -511,7 +512,8 @@ def test_a_column_wide_enough_for_every_new_value_is_not_blocked(
 @pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 40, 255])
 def test_length_after_migration_is_known_from_the_stored_value(legacy_format: str, size: int) -> None:
     keyring = ring()
-    ciphers = Fpc1CipherSet(keyring, legacy_format=legacy_format, legacy_read_enabled=True)
+    # Binary plaintexts: legacy_plaintext = "bytes" (the utf8 default would refuse them under ECB).
+    ciphers = Fpc1CipherSet(keyring, legacy_format=legacy_format, legacy_read_enabled=True, legacy_plaintext="bytes")
     plaintext = secrets.token_bytes(size)
     for stored in (legacy_gcm(plaintext) if legacy_format == "aesgcm-b64" else legacy_ecb(plaintext),
                    fpc1("k1", K1, plaintext, "SM4-GCM")):
@@ -552,7 +554,7 @@ def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails
 
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED
     dc = report.targets[DC]
-    assert isinstance(dc, Fpc1DrainResult)
+    assert isinstance(dc, DrainResult)
     assert (dc.unknown, dc.unknown_key, dc.reencrypted) == (1, 1, 4)
     assert [(f.id, f.columns, f.reason) for f in dc.failed] == [
         ("11", ("password",), "unknown_key"), ("12", ("password",), "decrypt_failed")]
@@ -589,7 +591,7 @@ def test_legacy_values_are_counted_but_not_migrated_while_legacy_reading_is_off(
     report = rotation.run_rotation(settings, expected_key="k2")
     dc = report.targets[DC]
     assert report.exit_code == 0
-    assert isinstance(dc, Fpc1DrainResult) and dc.legacy_left == 2 and dc.reencrypted == 2
+    assert isinstance(dc, DrainResult) and dc.legacy_left == 2 and dc.reencrypted == 2
     assert forge.password(1) == forge.dc_rows[1][2] and forge.password(7) == forge.dc_rows[7][2]
     assert report.gate["k1"]["open"] and not report.gate["legacy"]["open"]
     assert report.gate["legacy"]["blocking"] == {"LEGACY": 3}
@@ -607,7 +609,8 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     assert not first.open and first.blocking["HISTORICAL"] == 4
     legacy = rotation.retire_gate(settings, "legacy")
     assert not legacy.open and legacy.blocking["LEGACY"] == 3
-    assert not rotation.retire_gate(settings, "k2").open  # the active key is never free to go
+    with pytest.raises(ConfigError, match="key k2 is the current key"):  # the active key is never free to go
+        rotation.retire_gate(settings, "k2")
 
     pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psycopg
 
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.rotation import LOCK_NAME
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from tests.pinprofile import cli, seed_profile, write_config
 
 

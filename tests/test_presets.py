@@ -14,11 +14,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pinrotate_core import presets
+from flows import presets
 from pinrotate_core.config import load_settings
 from pinrotate_core.errors import ConfigError, KeyUnavailable
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet
 from pinrotate_core.keyring import Keyring
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 from .helpers import make_keyring
 

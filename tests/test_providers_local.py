@@ -25,6 +25,7 @@ from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.k8s import K8sDirKeyProvider
 
 from .helpers import assert_secret_free, b64
+from .pinprofile import cli
 
 
 def fingerprint(ring: Keyring) -> str:
@@ -39,6 +40,12 @@ def fingerprint(ring: Keyring) -> str:
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+def write_private(path: Path, text: str) -> None:
+    """A hand-written keyring file, 0600 as the provider requires."""
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 # -- file provider: first use -------------------------------------------------------------------
@@ -171,13 +178,13 @@ def test_a_bad_keyring_file_stops_the_start_and_is_left_byte_identical(keys_file
 
 
 def test_error_for_an_unknown_setting_names_the_setting(keys_file: Path) -> None:
-    keys_file.write_text(BAD_FILES["unknown_setting"])
+    write_private(keys_file, BAD_FILES["unknown_setting"])
     with pytest.raises(ConfigError, match="rotate_every"):
         FileKeyProvider(keys_file).load_keyring()
 
 
 def test_error_for_a_bad_key_names_the_key_id_not_the_value(keys_file: Path) -> None:
-    keys_file.write_text(BAD_FILES["bad_key_length"])
+    write_private(keys_file, BAD_FILES["bad_key_length"])
     with pytest.raises(ConfigError, match=r"key 1 must decode to 16, 24 or 32 bytes, got 20"):
         FileKeyProvider(keys_file).load_keyring()
 
@@ -252,7 +259,7 @@ def test_promote_refuses_a_key_that_was_not_added(keys_file: Path) -> None:
 
 def test_a_legacy_key_is_read_and_kept_across_add_and_promote(keys_file: Path) -> None:
     legacy = secrets.token_bytes(16)
-    keys_file.write_text(f'current = "k1"\nlegacy = "{b64(legacy)}"\n[keys]\nk1 = "{b64(secrets.token_bytes(16))}"\n')
+    write_private(keys_file, f'current = "k1"\nlegacy = "{b64(legacy)}"\n[keys]\nk1 = "{b64(secrets.token_bytes(16))}"\n')
     provider = FileKeyProvider(keys_file, style="fpc1")
     assert provider.load_keyring().legacy.material == legacy  # type: ignore[union-attr]
     provider.promote(provider.add_key("k2"))
@@ -262,7 +269,7 @@ def test_a_legacy_key_is_read_and_kept_across_add_and_promote(keys_file: Path) -
 
 
 def test_a_hand_written_keyring_with_whitespace_around_base64_loads(keys_file: Path) -> None:
-    keys_file.write_text(f'current = "2"\n[keys]\n1 = " {GOOD} "\n2 = "{b64(secrets.token_bytes(16))}"\n')
+    write_private(keys_file, f'current = "2"\n[keys]\n1 = " {GOOD} "\n2 = "{b64(secrets.token_bytes(16))}"\n')
     ring = FileKeyProvider(keys_file).load_keyring()
     assert ring.current == "2"
     assert ring.keys["1"].material == GOOD_KEY
@@ -343,6 +350,110 @@ def test_env_provider_errors_name_the_variable_never_the_value(env: dict[str, st
         EnvKeyProvider(env).load_keyring()
     assert named in str(info.value)
     assert_secret_free(info.value, GOOD_KEY, SHORT_KEY, GOOD, GOOD[:-3])
+
+
+# -- file provider: who may read or replace the keyring ---------------------------------------------
+
+OTHER_UID = 54321  # no such user needed: the kernel keeps any uid
+
+
+def fresh_keyring(keys_file: Path) -> bytes:
+    FileKeyProvider(keys_file).load_keyring()
+    return keys_file.read_bytes()
+
+
+@pytest.mark.parametrize("file_mode", [0o644, 0o640, 0o604, 0o660, 0o601, 0o610, 0o666])
+def test_a_keyring_file_that_group_or_others_may_access_is_refused_as_ssh_refuses_a_key(
+        keys_file: Path, file_mode: int) -> None:
+    before = fresh_keyring(keys_file)
+    material = FileKeyProvider(keys_file).load_keyring().keys["1"].material
+    keys_file.chmod(file_mode)
+    provider = FileKeyProvider(keys_file)
+    for attempt in (provider.load_keyring, provider.add_key, lambda: provider.promote("1")):
+        with pytest.raises(ConfigError) as info:
+            attempt()
+        message = str(info.value)
+        assert message == (f"keys.file: {keys_file} has mode {file_mode:04o}: group or others may read the keys; "
+                           f"run chmod 600 {keys_file}")
+        assert_secret_free(info.value, material)
+    assert keys_file.read_bytes() == before and mode(keys_file) == file_mode  # refused, never "fixed" behind one's back
+
+
+@pytest.mark.parametrize("file_mode", [0o600, 0o400, 0o700])
+def test_a_keyring_file_only_its_owner_may_access_loads(keys_file: Path, file_mode: int) -> None:
+    fresh_keyring(keys_file)
+    keys_file.chmod(file_mode)
+    assert FileKeyProvider(keys_file).load_keyring().current == "1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (the test image runs as root)")
+def test_a_keyring_file_owned_by_another_user_is_refused(keys_file: Path) -> None:
+    before = fresh_keyring(keys_file)
+    os.chown(keys_file, OTHER_UID, -1)
+    with pytest.raises(ConfigError) as info:
+        FileKeyProvider(keys_file).load_keyring()
+    assert str(info.value) == (f"keys.file: {keys_file} is owned by uid {OTHER_UID}, not by uid {os.geteuid()} that "
+                               f"runs pinrotate; run chown {os.geteuid()} {keys_file} (or run pinrotate as its owner)")
+    assert keys_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("folder_mode", [0o770, 0o757, 0o777, 0o1777, 0o730])
+def test_a_keyring_folder_that_group_or_others_may_write_is_refused(keys_file: Path, folder_mode: int) -> None:
+    before = fresh_keyring(keys_file)
+    folder = keys_file.parent
+    folder.chmod(folder_mode)
+    try:
+        with pytest.raises(ConfigError) as info:
+            FileKeyProvider(keys_file).load_keyring()
+        assert str(info.value) == (f"keys.file: folder {folder} has mode {folder_mode:04o}: group or others may "
+                                   f"write it and replace the keyring; run chmod go-w {folder}")
+        assert keys_file.read_bytes() == before
+    finally:
+        folder.chmod(0o700)
+
+
+def test_first_use_in_a_folder_others_may_write_creates_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError, match=f"folder {folder} has mode 0777"):
+        FileKeyProvider(folder / "keys.toml").load_keyring()
+    assert not (folder / "keys.toml").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root (the test image runs as root)")
+def test_a_keyring_folder_owned_by_another_user_is_refused_but_root_owned_folders_are_fine(keys_file: Path) -> None:
+    fresh_keyring(keys_file)
+    folder = keys_file.parent
+    folder.chmod(0o755)  # root's (this process's) folder, readable by all, writable by none: fine
+    assert FileKeyProvider(keys_file).load_keyring().current == "1"
+    os.chown(folder, OTHER_UID, -1)
+    with pytest.raises(ConfigError, match=f"folder {folder} is owned by uid {OTHER_UID}"):
+        FileKeyProvider(keys_file).load_keyring()
+
+
+def test_the_command_line_refuses_a_readable_keyring_with_exit_2_and_one_line(keys_file: Path, tmp_path: Path) -> None:
+    fresh_keyring(keys_file)
+    keys_file.chmod(0o644)
+    config = tmp_path / "pinrotate.toml"
+    config.write_text(f'[keys]\nprovider = "file"\nfile = "{keys_file}"\n\n[[targets]]\nname = "T"\n'
+                      'table = "t"\nkey_version = "key_version"\ncolumns = ["c"]\n')
+    code, doc, err = cli("keys", "list", "--config", str(config), "--json")
+    assert code == 2
+    assert doc == {"error": f"keys.file: {keys_file} has mode 0644: group or others may read the keys; "
+                            f"run chmod 600 {keys_file}", "exit_code": 2}
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+
+
+def test_k8s_dir_keeps_the_modes_kubernetes_gives(tmp_path: Path) -> None:
+    k1 = secrets.token_bytes(32)
+    folder = tmp_path / "secret"
+    write_secret_volume(folder, {"current": "1", "1": b64(k1)}, generation=1)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)  # defaultMode 0644, as the kubelet mounts it
+    folder.chmod(0o1777)
+    assert K8sDirKeyProvider(folder).load_keyring().keys["1"].material == k1
 
 
 # -- k8s-dir provider ---------------------------------------------------------------------------

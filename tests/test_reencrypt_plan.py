@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pinrotate_core.errors import CiphertextInvalid, KeyUnavailable
-from pinrotate_core.formats.aesgcm import AesGcmCipherSet, ColumnEncoding
 from pinrotate_core.keyring import Keyring
-from pinrotate_core.reencrypt import BatchPlan, FailedRow, plan_aesgcm_batch
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet, ColumnEncoding, plan_aesgcm_batch
+from pinrotate_core.schemes.base import BatchPlan, FailedRow
 
 from .helpers import assert_secret_free, make_keyring
 
@@ -48,7 +48,7 @@ def read_back(plan: BatchPlan, ciphers: AesGcmCipherSet,
     for i, row_id in enumerate(plan.ids):
         values: list[bytes | None] = []
         for j, enc in enumerate(encodings):
-            value = plan.new_values[j][i]
+            value = plan.writes[0].new[j][i]
             values.append(None if value is None else ciphers.decrypt(ciphers.keyring.current, enc.to_bytes(value)))
         out[row_id] = values
     return out
@@ -72,11 +72,11 @@ def test_every_planned_ciphertext_decrypts_under_the_current_key_to_the_original
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA] * 3, rows, ciphers)
 
     assert plan.ids == [r[0] for r in rows]
-    assert plan.reencrypted == 50 and plan.failed == [] and plan.skipped == 0
-    assert len(plan.new_values) == 3 and all(len(v) == 50 for v in plan.new_values)
+    assert plan.planned == 50 and plan.failed == [] and plan.skipped == 0
+    assert len(plan.writes[0].new) == 3 and all(len(v) == 50 for v in plan.writes[0].new)
     assert read_back(plan, ciphers, [BYTEA] * 3) == {r[0]: p for r, p in zip(rows, plaintexts)}
     # The old key no longer reads them: they really are under key 2 now.
-    for column in plan.new_values:
+    for column in plan.writes[0].new:
         for value in column:
             with pytest.raises(CiphertextInvalid):
                 ciphers.decrypt("1", value)
@@ -88,9 +88,9 @@ def test_null_stays_null_and_consumes_no_ciphertext(ciphers: AesGcmCipherSet) ->
 
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA] * 3, rows, ciphers)
 
-    assert plan.reencrypted == 4  # a row of NULLs still moves: its key version changes
+    assert plan.planned == 4  # a row of NULLs still moves: its key version changes
     for j in range(3):
-        assert [v is None for v in plan.new_values[j]] == [row[j] is None for row in plaintexts]
+        assert [v is None for v in plan.writes[0].new[j]] == [row[j] is None for row in plaintexts]
     assert read_back(plan, ciphers, [BYTEA] * 3) == {r[0]: p for r, p in zip(rows, plaintexts)}
 
 
@@ -98,7 +98,7 @@ def test_the_empty_plaintext_is_a_value_like_any_other(ciphers: AesGcmCipherSet)
     rows = make_rows(ciphers, "1", [[b"", b"", b""]], [BYTEA, TEXT, BYTEA])
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA, TEXT, BYTEA], rows, ciphers)
     assert read_back(plan, ciphers, [BYTEA, TEXT, BYTEA]) == {rows[0][0]: [b"", b"", b""]}
-    assert len(plan.new_values[0][0]) == len(base64.b64decode(plan.new_values[1][0])) == 12 + 16  # nonce + tag
+    assert len(plan.writes[0].new[0][0]) == len(base64.b64decode(plan.writes[0].new[1][0])) == 12 + 16  # nonce + tag
 
 
 def test_bytea_columns_get_raw_bytes_and_text_columns_get_padded_standard_base64(ciphers: AesGcmCipherSet) -> None:
@@ -109,7 +109,7 @@ def test_bytea_columns_get_raw_bytes_and_text_columns_get_padded_standard_base64
 
     plan = plan_aesgcm_batch("Person", COLUMNS, encodings, rows, ciphers)
 
-    raw, text_a, text_b = (plan.new_values[j][0] for j in range(3))
+    raw, text_a, text_b = (plan.writes[0].new[j][0] for j in range(3))
     assert isinstance(raw, bytes)
     assert isinstance(text_a, str) and isinstance(text_b, str)
     for text in (text_a, text_b):
@@ -192,7 +192,7 @@ def test_rows_already_on_the_current_key_are_rewritten_under_a_fresh_nonce(ciphe
     # Selection never hands these over; if it did, the result must still read back.
     rows = make_rows(ciphers, "2", [[b"same"]], [BYTEA])
     plan = plan_aesgcm_batch("T", ["c"], [BYTEA], rows, ciphers)
-    assert plan.new_values[0][0] != rows[0][2]
+    assert plan.writes[0].new[0][0] != rows[0][2]
     assert read_back(plan, ciphers, [BYTEA]) == {rows[0][0]: [b"same"]}
 
 
@@ -208,13 +208,13 @@ def test_an_aes128_old_key_moves_to_an_aes256_current_key() -> None:
 def test_every_nonce_of_a_batch_is_distinct(ciphers: AesGcmCipherSet) -> None:
     rows = make_rows(ciphers, "1", [[b"v", b"v", b"v"]] * 100, [BYTEA] * 3)
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA] * 3, rows, ciphers)
-    nonces = [value[:12] for column in plan.new_values for value in column]
+    nonces = [value[:12] for column in plan.writes[0].new for value in column]
     assert len(set(nonces)) == len(nonces) == 300
 
 
 def test_an_empty_batch_plans_nothing(ciphers: AesGcmCipherSet) -> None:
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA] * 3, [], ciphers)
-    assert (plan.ids, plan.new_values, plan.failed, plan.skipped) == ([], [[], [], []], [], 0)
+    assert (plan.ids, plan.writes[0].new, plan.failed, plan.skipped) == ([], [[], [], []], [], 0)
 
 
 # -- property: any plaintexts, any encodings, any key pair ---------------------------------------
@@ -241,5 +241,5 @@ def test_round_trip_of_random_plaintexts_through_a_planned_batch(data: st.DataOb
     assert plan.failed == [] and plan.ids == [r[0] for r in rows]
     assert read_back(plan, ciphers, encodings) == {r[0]: list(p) for r, p in zip(rows, plaintexts)}
     for j, enc in enumerate(encodings):
-        for value in plan.new_values[j]:
+        for value in plan.writes[0].new[j]:
             assert value is None or isinstance(value, bytes if enc is BYTEA else str)

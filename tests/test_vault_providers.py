@@ -27,7 +27,6 @@ from cryptography.x509.oid import NameOID
 
 from pinrotate_core.config import KeysSettings, VaultSettings, settings_from_mapping
 from pinrotate_core.errors import CiphertextInvalid, ConfigError, ConflictError, KeyUnavailable
-from pinrotate_core.formats.transit import is_transit, transit_version, transit_version_or_none
 from pinrotate_core.providers import build_provider
 from pinrotate_core.providers.vault import (
     TransitValuesInvalid,
@@ -36,6 +35,7 @@ from pinrotate_core.providers.vault import (
     VaultTransitKeyProvider,
     build_vault_provider,
 )
+from pinrotate_core.schemes.transit import is_transit, transit_version, transit_version_or_none
 
 from .vault_server import BaoAdmin, BaoDevServer, free_loopback_port
 
@@ -362,6 +362,23 @@ def test_add_key_gives_up_with_a_conflict_when_the_secret_keeps_changing(openbao
 
     with pytest.raises(ConflictError, match=f"{mount}/{path}"):
         AlwaysRaced(VaultSettings(addr=openbao.addr, token=openbao.token, mount=mount, path=path)).add_key()
+
+
+def test_promote_gives_up_with_a_conflict_after_five_lost_writes_and_changes_nothing(openbao: BaoDevServer) -> None:
+    mount, path = new_kv(openbao, {"current": "1", "1": b64key(), "2": b64key()})
+    reads = []
+
+    class AlwaysRaced(VaultKvKeyProvider):
+        def _read_for_update(self) -> tuple[dict[str, Any], int]:
+            fields, version = super()._read_for_update()
+            reads.append(version)
+            bao(openbao).kv_put(mount, path, dict(fields))  # a new version every time
+            return fields, version
+
+    with pytest.raises(ConflictError, match="nothing changed, try again"):
+        AlwaysRaced(VaultSettings(addr=openbao.addr, token=openbao.token, mount=mount, path=path)).promote("2")
+    assert len(reads) == 5 and len(set(reads)) == 5  # each attempt re-read a newer version
+    assert kv_provider(openbao, mount, path).load_keyring().current == "1"
 
 
 # -- authentication -------------------------------------------------------------------------------

@@ -53,6 +53,14 @@ def build_provider(settings: Settings) -> KeyProvider:
 
         assert keys.dir is not None  # checked by KeysSettings
         return K8sDirKeyProvider(keys.dir)
+    if keys.provider == "forge":
+        from .forge import ForgeKeyProvider
+
+        other = [t for t in settings.targets if t.format != "fpc1"]
+        if other:
+            raise ConfigError(f"keys.provider = forge: Forge's keyring serves fpc1 targets only; target"
+                              f" {other[0].name} has format {other[0].format}")
+        return ForgeKeyProvider(keys.file)
     if keys.provider in ("vault-kv", "vault-transit"):
         try:
             from . import vault

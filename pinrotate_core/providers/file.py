@@ -3,16 +3,22 @@
 Rules (contract §3): created atomically when absent (one fresh key), file 0600 in a 0700 folder,
 every read and change serialised by a file lock beside it. A file that exists but is malformed,
 has a bad key length or an unknown setting stops the start; it is never overwritten or deleted.
+As ssh refuses a private key that others may read, a keyring file with any group/other permission
+bit or owned by another user, or in a folder that group or others may write, stops the start too.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import secrets
+import stat
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+
+import tomli_w
 
 from .._files import exclusive_lock, write_atomically
 from ..errors import ConfigError
@@ -103,31 +109,60 @@ class FileKeyProvider:
     def _locked(self) -> Iterator[None]:
         try:
             with exclusive_lock(self.path):
+                check_private(self.path)
                 yield
         except OSError as e:
             raise ConfigError(f"keys.file: cannot lock the keyring in {self.path.parent} ({e.strerror})") from None
 
     def _write(self, ring: Keyring) -> None:
         """Write atomically: readers see the old keyring or the new one, never a torn file."""
-        lines = [_HEADER]
-        lines.append(f"current = {_toml_scalar(ring.current)}\n")
+        doc: dict[str, object] = {"current": int(ring.current) if is_version(ring.current) else ring.current}
         if ring.legacy is not None:
-            lines.append(f'legacy = "{_b64(ring.legacy)}"\n')
-        lines.append("\n[keys]\n")
-        for key_id in sorted(ring.keys, key=sort_key):
-            lines.append(f'{key_id} = "{_b64(ring.keys[key_id])}"\n')
+            doc["legacy"] = _b64(ring.legacy)
+        doc["keys"] = {key_id: _b64(ring.keys[key_id]) for key_id in sorted(ring.keys, key=sort_key)}
         try:
-            write_atomically(self.path, "".join(lines))
+            write_atomically(self.path, _HEADER + tomli_w.dumps(doc))
         except OSError as e:
             raise ConfigError(f"keys.file: cannot write {self.path} ({e.strerror})") from None
 
 
+def check_private(path: Path) -> None:
+    """Refuse a keyring that someone else could read or replace (one line: the file, its mode, the fix).
+
+    The folder may be owned by root (e.g. /etc/pinrotate) but no group or other may write it; the
+    file must be owned by the user running pinrotate, with no group or other permission bit.
+    """
+    me = os.geteuid()
+    folder = path.parent
+    st: os.stat_result | None
+    try:
+        fst = folder.stat()  # exists: the lock beside the file is taken first
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            st = None  # created next, 0600
+    except OSError as e:
+        raise ConfigError(f"keys.file: cannot inspect {path} ({e.strerror})") from None
+    fmode = stat.S_IMODE(fst.st_mode)
+    if fmode & 0o022:
+        raise ConfigError(f"keys.file: folder {folder} has mode {fmode:04o}: group or others may write it and "
+                          f"replace the keyring; run chmod go-w {folder}")
+    if fst.st_uid not in (me, 0):
+        raise ConfigError(f"keys.file: folder {folder} is owned by uid {fst.st_uid}, not by uid {me} that runs "
+                          f"pinrotate (or root); run chown {me} {folder}")
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return  # absent: created 0600; not a file: reading it fails with its own message
+    if st.st_uid != me:
+        raise ConfigError(f"keys.file: {path} is owned by uid {st.st_uid}, not by uid {me} that runs pinrotate; "
+                          f"run chown {me} {path} (or run pinrotate as its owner)")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise ConfigError(f"keys.file: {path} has mode {mode:04o}: group or others may read the keys; "
+                          f"run chmod 600 {path}")
+
+
 def _b64(key: Key) -> str:
     return base64.b64encode(key.material).decode("ascii")
-
-
-def _toml_scalar(key_id: str) -> str:
-    return key_id if is_version(key_id) else f'"{key_id}"'
 
 
 def _named_id(prefix: str) -> str:

@@ -16,18 +16,26 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 import hvac
 import hvac.exceptions
 import requests
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random
 
 from ..config import KeysSettings, VaultSettings
-from ..errors import CiphertextInvalid, ConfigError, ConflictError, KeyUnavailable, PinrotateError
-from ..formats.transit import transit_version
+from ..errors import (
+    CiphertextInvalid,
+    ConfigError,
+    ConflictError,
+    KeyUnavailable,
+    PinrotateError,
+    TransitValuesInvalid,
+)
 from ..keyring import Key, Keyring, next_version, validate_key_id
 from ..log import log_event
+from ..schemes.transit import transit_version
 from ._material import decode_key, normalise_current
 
 Response = dict[str, Any]
@@ -41,8 +49,9 @@ _RESERVED_FIELDS = frozenset({"current", "legacy"})
 # (listener max_request_json_strings); a batch item costs two ("ciphertext": value), so 490 items
 # plus the envelope stay below it. Servers with higher limits can be given a larger value.
 DEFAULT_TRANSIT_ITEMS_PER_REQUEST = 490
-# KV check-and-set retries: each retry re-reads the secret, so a concurrent writer's field survives.
+# KV check-and-set attempts before a ConflictError (see _until_written).
 _CAS_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 # hvac keeps the HTTP status only in the exception class; (status, fixed reason, retryable).
 _HTTP_FAILURES: tuple[tuple[type[hvac.exceptions.VaultError], int | None, str, bool], ...] = (
@@ -356,7 +365,8 @@ class VaultKvKeyProvider:
             validate_key_id(key_id, where="keys add")
             if key_id in _RESERVED_FIELDS:
                 raise ConfigError(f"keys add: {key_id} is a reserved field name, not a key id")
-        for _attempt in range(_CAS_ATTEMPTS):
+
+        def attempt() -> str | None:
             data, version = self._read_for_update()
             if data:
                 self._parse(data)  # never extend a keyring that does not load
@@ -367,17 +377,19 @@ class VaultKvKeyProvider:
             fields[new_id] = base64.b64encode(secrets.token_bytes(self._key_length())).decode("ascii")
             if not data:
                 fields["current"] = new_id
-            if self._write(fields, cas=version, what=f"add key {new_id} to {self.description}"):
-                self._keyring = None
-                log_event("key_added", source=self.description, key=new_id, current=str(fields["current"]))
-                return new_id
-        raise ConflictError(
-            f"keys add: {self.description} changed concurrently {_CAS_ATTEMPTS} times; nothing was added, try again"
-        )
+            if not self._write(fields, cas=version, what=f"add key {new_id} to {self.description}"):
+                return None
+            self._keyring = None
+            log_event("key_added", source=self.description, key=new_id, current=str(fields["current"]))
+            return new_id
+
+        return _until_written(attempt, f"keys add: {self.description} changed concurrently {_CAS_ATTEMPTS} times; "
+                                       "nothing was added, try again")
 
     def promote(self, key_id: str) -> None:
         """Make ``key_id`` current (a second write after ``add_key``, so every reader has it first)."""
-        for _attempt in range(_CAS_ATTEMPTS):
+
+        def attempt() -> bool | None:
             data, version = self._read_for_update()
             if not data:
                 raise ConfigError(f"keys promote: there is no keyring at {self.description}; add a key first")
@@ -385,16 +397,17 @@ class VaultKvKeyProvider:
             if key_id in _RESERVED_FIELDS or key_id not in ring.keys:
                 raise ConfigError(f"keys promote: key {key_id} is not in {self.description}; add it first")
             if ring.current == key_id:
-                return
+                return True
             fields = dict(data)
             fields["current"] = key_id
-            if self._write(fields, cas=version, what=f"promote key {key_id} in {self.description}"):
-                self._keyring = None
-                log_event("key_promoted", source=self.description, key=key_id, previous=ring.current)
-                return
-        raise ConflictError(
-            f"keys promote: {self.description} changed concurrently {_CAS_ATTEMPTS} times; nothing changed, try again"
-        )
+            if not self._write(fields, cas=version, what=f"promote key {key_id} in {self.description}"):
+                return None
+            self._keyring = None
+            log_event("key_promoted", source=self.description, key=key_id, previous=ring.current)
+            return True
+
+        _until_written(attempt, f"keys promote: {self.description} changed concurrently {_CAS_ATTEMPTS} times; "
+                                "nothing changed, try again")
 
     def _read_for_update(self) -> tuple[dict[str, Any], int]:
         """Fields and KV version for a check-and-set write; ``({}, 0)`` when the secret never existed."""
@@ -453,18 +466,6 @@ class VaultKvKeyProvider:
 
 # ---------------------------------------------------------------------------------------------
 # vault-transit
-
-
-class TransitValuesInvalid(CiphertextInvalid):
-    """Some values of a batch were refused by Transit (or are not ``vault:v<N>:`` at all).
-
-    ``failed_positions`` are indexes into the batch given, so the caller can record those rows as
-    FAILED and send the others again. The message holds counts and positions, never a value.
-    """
-
-    def __init__(self, message: str, failed_positions: Sequence[int]) -> None:
-        super().__init__(message)
-        self.failed_positions = tuple(failed_positions)
 
 
 class VaultTransitKeyProvider:
@@ -738,3 +739,14 @@ def build_vault_provider(keys: KeysSettings, *, style: str = "aesgcm") -> VaultK
     if keys.provider == "vault-transit":
         return VaultTransitKeyProvider(keys.vault)
     raise ConfigError(f"keys.provider: {keys.provider} is not a Vault provider")
+
+
+def _until_written(attempt: Callable[[], _T | None], conflict: str) -> _T:
+    """Run a check-and-set ``attempt`` (None: another writer got there first) until it writes,
+    re-reading each time so that a concurrent writer's field survives; ConflictError at last."""
+    retrying = Retrying(stop=stop_after_attempt(_CAS_ATTEMPTS), wait=wait_random(0, 0.2),
+                        retry=retry_if_result(lambda result: result is None), retry_error_callback=lambda _: None)
+    result = retrying(attempt)
+    if result is None:
+        raise ConflictError(conflict)
+    return result

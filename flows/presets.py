@@ -24,9 +24,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import ConfigError
-from .formats.aesgcm import AesGcmCipherSet
-from .keyring import Keyring, is_version
+from pinrotate_core.errors import ConfigError
+from pinrotate_core.keyring import Keyring, is_version
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PIN_PROFILE_SQL: Path = REPO_ROOT / "examples" / "pin-profile.sql"

@@ -1,0 +1,448 @@
+"""Sharing the database: the batch sizer (pure), and the throttle against a real primary, a real
+streaming replica (``pg_basebackup -R``, replay paused and resumed), real busy and blocked sessions.
+
+Nothing is timed: waits are polled until a state is reached (with generous bounds that only stop
+a broken server from hanging the session), and the assertions are on states and counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from pinrotate_core.db import make_engine
+from pinrotate_core.errors import ThrottleCritical
+from pinrotate_core.metrics import RotationMetrics
+from pinrotate_core.throttle import (
+    REASON_LAG,
+    REASON_LOAD,
+    REASON_LOCKS,
+    REASON_PAUSED,
+    BatchSizer,
+    ReplicaLagMeter,
+    Throttle,
+    ThrottleControl,
+    ThrottleLimits,
+    parse_control,
+)
+
+from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
+
+BOUND_S = 60.0  # only a bound against a hang; never asserted on
+
+
+def wait_until(condition: Callable[[], bool], what: str, bound: float = BOUND_S) -> None:
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never reached: {what}")
+        time.sleep(0.05)
+
+
+# -- the batch sizer (pure) ---------------------------------------------------------------------
+
+
+def test_a_fixed_batch_size_stays_fixed_whatever_the_batch_times() -> None:
+    sizer = BatchSizer(200)
+    for seconds in (0.001, 5.0, 0.5, 30.0):
+        sizer.observe(seconds, 200)
+        assert sizer.size == 200
+
+
+def test_fast_batches_grow_the_size_by_at_most_ten_percent_per_batch_up_to_the_maximum() -> None:
+    sizer = BatchSizer(100, target=0.5, minimum=50, maximum=300)
+    sizes = []
+    for _ in range(30):
+        sizer.observe(0.01, sizer.size)  # far below the target
+        sizes.append(sizer.size)
+    steps = [b / a for a, b in zip([100, *sizes], sizes)]
+    assert all(step <= 1.10 + 1e-9 for step in steps)
+    assert sizes[0] == 110
+    assert sizes[-1] == 300  # bounded by the maximum
+
+
+def test_slow_batches_shrink_the_size_by_at_most_twenty_percent_per_batch_down_to_the_minimum() -> None:
+    sizer = BatchSizer(1000, target=0.5, minimum=50, maximum=5000)
+    sizes = []
+    for _ in range(30):
+        sizer.observe(20.0, sizer.size)  # far above the target
+        sizes.append(sizer.size)
+    steps = [b / a for a, b in zip([1000, *sizes], sizes)]
+    assert all(step >= 0.80 - 1e-9 for step in steps)
+    assert sizes[0] == 800
+    assert sizes[-1] == 50
+
+
+def test_the_size_follows_the_moving_average_toward_the_target_and_settles_there() -> None:
+    # A database that needs 1 ms per row: the size that meets a 0.5 s target is 500 rows.
+    sizer = BatchSizer(100, target=0.5, minimum=50, maximum=5000)
+    for _ in range(200):
+        sizer.observe(sizer.size * 0.001, sizer.size)
+    assert 450 <= sizer.size <= 550
+    settled = sizer.size
+    sizer.observe(settled * 0.001, settled)
+    assert sizer.size == settled  # inside the dead band: no more change
+
+
+def test_halving_backs_off_at_once_and_a_fixed_size_grows_back_to_where_it_was() -> None:
+    sizer = BatchSizer(400)
+    sizer.halve()
+    assert sizer.size == 200
+    sizer.halve()
+    assert sizer.size == 100
+    for _ in range(30):
+        sizer.observe(0.01, sizer.size)
+    assert sizer.size == 400
+
+
+def test_halving_never_goes_below_the_minimum_and_an_operator_override_wins_while_set() -> None:
+    sizer = BatchSizer(120, target=0.5, minimum=50, maximum=5000)
+    for _ in range(5):
+        sizer.halve()
+    assert sizer.size == 50
+    sizer.override(777)
+    assert sizer.size == 777
+    sizer.override(None)
+    assert sizer.size == 50
+
+
+def test_a_fixed_size_below_the_adaptive_minimum_is_kept() -> None:
+    assert BatchSizer(10, minimum=50).size == 10
+
+
+@pytest.mark.parametrize("bad", [
+    {"batch_size": 0, "target": None}, {"batch_size": 10, "target": 0.0}, {"batch_size": 10, "target": -1.0},
+])
+def test_nonsense_sizer_settings_are_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        BatchSizer(bad["batch_size"], target=bad["target"])
+
+
+# -- the operator's switch (pure) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, ThrottleControl()),
+    ({}, ThrottleControl()),
+    ("", ThrottleControl()),
+    ({"paused": True}, ThrottleControl(paused=True)),
+    ({"paused": False, "batch_size": 500, "delay": 1}, ThrottleControl(batch_size=500, delay=1.0)),
+    ('{"paused": true}', ThrottleControl(paused=True)),
+])
+def test_a_control_value_is_read_as_pause_batch_size_and_delay(value: Any, expected: ThrottleControl) -> None:
+    assert parse_control(value) == expected
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ({"paused": "yes"}, "paused must be true or false"),
+    ({"batch_size": -5}, "batch_size must be a positive integer or null"),
+    ({"batch_size": 1.5}, "batch_size must be a positive integer or null"),
+    ({"delay": "1s"}, "delay must be a number of seconds >= 0 or null"),
+    ({"pause": True}, "unknown field pause"),
+    ([1, 2], "not a JSON object"),
+    ("{paused", "not valid JSON"),
+])
+def test_a_control_value_that_is_not_understood_pauses_and_names_the_problem(value: Any, problem: str) -> None:
+    control = parse_control(value)
+    assert control.paused is True
+    assert control.invalid == problem
+
+
+# -- against the real database ----------------------------------------------------------------
+
+
+@pytest.fixture
+def engine(replicated_database: str) -> Iterator[sa.Engine]:
+    eng = make_engine(replicated_database, pool_size=3)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def write_some_wal(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS wal_maker (n int)")
+        conn.execute("INSERT INTO wal_maker SELECT generate_series(1, 100)")
+
+
+class Waiter:
+    """``before_batch`` in a thread, so a test can look at it while it waits."""
+
+    def __init__(self, throttle: Throttle, deadline: float | None = None) -> None:
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(throttle, deadline), daemon=True)
+        self.thread.start()
+
+    def _run(self, throttle: Throttle, deadline: float | None) -> None:
+        try:
+            throttle.before_batch(self.stop, deadline)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            self.error = e
+
+    def returned(self) -> bool:
+        return not self.thread.is_alive()
+
+    def join(self) -> None:
+        self.thread.join(BOUND_S)
+        assert not self.thread.is_alive(), "before_batch did not return"
+        if self.error is not None:
+            raise self.error
+
+
+def test_an_idle_primary_shows_no_replica_lag_however_long_it_stays_idle(
+        engine: sa.Engine, pg_replica: Replica, replicated_database: str) -> None:
+    meter = ReplicaLagMeter()
+    readings: list[float | None] = []
+    with engine.connect() as sa_conn:
+        conn = sa_conn.connection.driver_connection
+        assert isinstance(conn, psycopg.Connection)
+        conn.autocommit = True
+        pg_replica.wait_caught_up()
+        for _ in range(20):
+            lags = meter.measure(conn)
+            assert lags, "the replica was not found in pg_stat_replication"
+            readings.extend(lags.values())
+            time.sleep(0.1)
+    # Background WAL (a checkpoint, a running-xacts record) may be replayed a moment late; an
+    # idle primary must never look like a replica falling further and further behind.
+    assert all(r is not None for r in readings)
+    assert max(r for r in readings if r is not None) < 1.0
+    assert readings[-1] == min(r for r in readings if r is not None) or readings[-1] < 0.5
+
+
+def test_paused_replay_makes_before_batch_wait_with_growing_lag_and_resume_lets_it_return(
+        engine: sa.Engine, pg_replica: Replica, replicated_database: str) -> None:
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.3), poll_interval=0.05)
+    assert throttle.check().reason is None
+    pg_replica.pause_replay()
+    write_some_wal(replicated_database)
+    wait_until(lambda: throttle.check().reason == REASON_LAG, "lag above max_replica_lag")
+    waiter = Waiter(throttle)
+    lags: list[float] = []
+
+    def lag_grew() -> bool:
+        state = throttle.last_state
+        if state.replica_lag is not None:
+            lags.append(state.replica_lag)
+        return len(lags) > 3 and lags[-1] > lags[0] + 0.2
+
+    wait_until(lag_grew, "growing lag while replay is paused")
+    assert not waiter.returned()
+    assert throttle.last_state.reason == REASON_LAG
+    pg_replica.resume_replay()
+    waiter.join()
+    assert throttle.waited[REASON_LAG] > 0
+    assert throttle.last_state.reason is None
+    metrics = RotationMetrics()
+    throttle.record(metrics)
+    values = {s.name: s.value for f in metrics.registry.collect() for s in f.samples
+              if s.labels.get("reason", REASON_LAG) == REASON_LAG}
+    assert values[f"{metrics.prefix}_throttled_seconds_total"] == throttle.waited[REASON_LAG]
+    assert values[f"{metrics.prefix}_batch_size"] == 100
+    assert f"{metrics.prefix}_replica_lag_seconds" in values
+
+
+def test_a_configured_replica_is_measured_on_its_own_connection(
+        engine: sa.Engine, pg_replica: Replica, replicated_database: str) -> None:
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.3),
+                        replicas=[pg_replica.url_for(replicated_database)], poll_interval=0.05)
+    try:
+        assert throttle.check().reason is None
+        pg_replica.pause_replay()
+        write_some_wal(replicated_database)
+        wait_until(lambda: throttle.check().reason == REASON_LAG, "lag above max_replica_lag on the replica URL")
+        assert throttle.last_state.lagging is not None and "@" in throttle.last_state.lagging
+        pg_replica.resume_replay()
+        wait_until(lambda: throttle.check().reason is None, "no lag after resume")
+    finally:
+        throttle.close()
+
+
+def test_a_critical_replica_lag_stops_fail_safe(engine: sa.Engine, pg_replica: Replica,
+                                                replicated_database: str) -> None:
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.1, critical_replica_lag=0.4),
+                        poll_interval=0.05)
+    throttle.check()
+    pg_replica.pause_replay()
+    write_some_wal(replicated_database)
+    # Batches go on until the lag (counted from when the WAL was first seen) is above the limit.
+    wait_until(lambda: throttle.check().reason == REASON_LAG, "lag above max_replica_lag")
+    waiter = Waiter(throttle)
+    waiter.thread.join(BOUND_S)
+    assert isinstance(waiter.error, ThrottleCritical), (throttle.last_state, throttle.waited)
+    assert "job.critical_replica_lag" in str(waiter.error)
+
+
+def test_an_unreachable_replica_counts_as_lagging_and_the_stop_event_ends_the_wait(
+        engine: sa.Engine, tmp_path: Any) -> None:
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=1.0),
+                        replicas=[f"postgresql://postgres@/x?host={tmp_path}"], poll_interval=0.05)
+    try:
+        state = throttle.check()
+        assert state.reason == REASON_LAG
+        assert state.replica_lag is None
+        waiter = Waiter(throttle)
+        wait_until(lambda: throttle.waited[REASON_LAG] > 0, "waiting for the unreachable replica")
+        assert not waiter.returned()
+        waiter.stop.set()
+        waiter.join()
+    finally:
+        throttle.close()
+
+
+def test_more_busy_sessions_than_max_active_sessions_make_the_drain_wait(engine: sa.Engine,
+                                                                        replicated_database: str) -> None:
+    sleepers = [psycopg.connect(replicated_database, autocommit=True, application_name="app") for _ in range(3)]
+    threads = [threading.Thread(target=_sleep_until_cancelled, args=(c,), daemon=True) for c in sleepers]
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_active_sessions=2), poll_interval=0.05)
+    try:
+        baseline = throttle.check()
+        assert baseline.reason is None
+        for t in threads:
+            t.start()
+        wait_until(lambda: throttle.check().reason == REASON_LOAD, "three busy application sessions")
+        assert throttle.last_state.sessions is not None and throttle.last_state.sessions >= 3
+        waiter = Waiter(throttle)
+        wait_until(lambda: throttle.waited[REASON_LOAD] > 0, "waiting for load")
+        assert not waiter.returned()
+        _cancel(replicated_database, sleepers)
+        waiter.join()
+        assert throttle.last_state.reason is None
+    finally:
+        _cancel(replicated_database, sleepers)
+        for c in sleepers:
+            c.close()
+
+
+def test_our_own_busy_sessions_do_not_count_as_load(engine: sa.Engine, replicated_database: str) -> None:
+    ours = [psycopg.connect(replicated_database, autocommit=True, application_name="pinrotate") for _ in range(3)]
+    threads = [threading.Thread(target=_sleep_until_cancelled, args=(c,), daemon=True) for c in ours]
+    throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_active_sessions=1), poll_interval=0.05)
+    try:
+        for t in threads:
+            t.start()
+        with psycopg.connect(replicated_database, autocommit=True) as probe:
+            wait_until(lambda: (probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                              " 'pinrotate' AND state = 'active'").fetchone() or (0,))[0] >= 3,
+                       "three busy pinrotate sessions")
+        state = throttle.check()
+        assert state.reason is None
+        assert state.sessions is not None and state.sessions <= 1
+    finally:
+        _cancel(replicated_database, ours)
+        for c in ours:
+            c.close()
+
+
+def test_an_application_session_blocked_by_our_lock_halves_the_batch_and_waits_until_it_gets_through(
+        engine: sa.Engine, replicated_database: str) -> None:
+    with psycopg.connect(replicated_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE account (id int PRIMARY KEY, balance int)")
+        setup.execute("INSERT INTO account VALUES (1, 0)")
+    ours = psycopg.connect(replicated_database, autocommit=True, application_name="pinrotate")
+    app = psycopg.connect(replicated_database, autocommit=True, application_name="app")
+    sizer = BatchSizer(400)
+    throttle = Throttle(engine, sizer, poll_interval=0.05)
+    updated = threading.Event()
+    try:
+        ours.execute("BEGIN")
+        ours.execute("SELECT * FROM account WHERE id = 1 FOR NO KEY UPDATE")
+
+        def app_update() -> None:
+            app.execute("UPDATE account SET balance = balance + 1 WHERE id = 1")
+            updated.set()
+
+        threading.Thread(target=app_update, daemon=True).start()
+        wait_until(lambda: throttle.check().reason == REASON_LOCKS, "the application session blocked by us")
+        assert throttle.last_state.blocked == 1
+        waiter = Waiter(throttle)
+        wait_until(lambda: throttle.waited[REASON_LOCKS] > 0, "waiting for the blocked session")
+        assert sizer.size == 200
+        assert not waiter.returned() and not updated.is_set()
+        ours.execute("COMMIT")
+        waiter.join()
+        assert updated.wait(BOUND_S)
+    finally:
+        ours.close()
+        app.close()
+
+
+def test_a_lock_held_by_another_application_session_is_not_our_business(engine: sa.Engine,
+                                                                          replicated_database: str) -> None:
+    with psycopg.connect(replicated_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE account (id int PRIMARY KEY, balance int)")
+        setup.execute("INSERT INTO account VALUES (1, 0)")
+    holder = psycopg.connect(replicated_database, autocommit=True, application_name="app-a")
+    app = psycopg.connect(replicated_database, autocommit=True, application_name="app-b")
+    throttle = Throttle(engine, BatchSizer(400), poll_interval=0.05)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT * FROM account WHERE id = 1 FOR UPDATE")
+        blocked = threading.Thread(target=app.execute, args=("UPDATE account SET balance = 1 WHERE id = 1",),
+                                   daemon=True)
+        blocked.start()
+        with psycopg.connect(replicated_database, autocommit=True) as probe:
+            wait_until(lambda: (probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app-b'"
+                                              " AND wait_event_type = 'Lock'").fetchone() or (0,))[0] == 1,
+                       "app-b blocked by app-a")
+        state = throttle.check()
+        assert state.reason is None and state.blocked == 0
+        holder.execute("COMMIT")
+        blocked.join(BOUND_S)
+    finally:
+        holder.close()
+        app.close()
+
+
+def test_a_pause_from_the_operator_waits_until_lifted_and_its_delay_and_batch_size_apply(
+        engine: sa.Engine) -> None:
+    value: dict[str, Any] = {"paused": True}
+    throttle = Throttle(engine, BatchSizer(100), control=lambda: dict(value), poll_interval=0.05)
+    waiter = Waiter(throttle)
+    wait_until(lambda: throttle.waited[REASON_PAUSED] > 0, "waiting while paused")
+    assert not waiter.returned()
+    value.clear()
+    value.update({"batch_size": 321, "delay": 0.0})
+    waiter.join()
+    assert throttle.batch_size == 321
+    value.clear()
+    throttle.check()
+    assert throttle.batch_size == 100
+
+
+def test_an_invalid_operator_value_pauses_fail_safe(engine: sa.Engine) -> None:
+    throttle = Throttle(engine, BatchSizer(100), control=lambda: {"paused": "no"}, poll_interval=0.05)
+    state = throttle.check()
+    assert state.reason == REASON_PAUSED
+    assert state.control.invalid == "paused must be true or false"
+
+
+def test_a_deadline_ends_the_wait(engine: sa.Engine) -> None:
+    throttle = Throttle(engine, BatchSizer(100), control=lambda: {"paused": True}, poll_interval=0.05)
+    waiter = Waiter(throttle, deadline=time.monotonic() + 0.3)
+    waiter.join()
+    assert throttle.waited[REASON_PAUSED] > 0
+
+
+def _sleep_until_cancelled(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.execute("SELECT pg_sleep(600)")
+    except psycopg.errors.QueryCanceled:
+        pass
+    except psycopg.OperationalError:
+        pass
+
+
+def _cancel(url: str, conns: list[psycopg.Connection[Any]]) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        for c in conns:
+            if not c.closed:
+                admin.execute("SELECT pg_cancel_backend(%s)", (c.info.backend_pid,))

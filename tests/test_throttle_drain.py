@@ -1,0 +1,209 @@
+"""End to end: a real drain that shares the database. With replay paused on a real streaming replica
+the drain stops writing, and after resume it finishes; a Prefect Variable set to paused stops a
+running drain between batches, and clearing it lets the run finish.
+
+"Stops writing" is observed, not timed: the rows on the new key are counted until the count holds
+still over several polls, and must then be short of the whole table.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pinrotate_core import rotation
+from pinrotate_core.log import LOGGER_NAME
+
+from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
+from .test_drain_pin import PinDb
+
+PERSONS = 3000
+BOUND_S = 120.0  # only a bound against a hang; never asserted on
+STILL_POLLS = 4  # the count must hold still over this many polls ...
+POLL_S = 0.5  # ... this far apart (the drain's throttle looks every 0.5 s at most)
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    handler = Lines()
+    logger = logging.getLogger(LOGGER_NAME)
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+@pytest.fixture
+def pin(replicated_database: str, keys_file: Path, tmp_path: Path) -> Iterator[PinDb]:
+    conn = psycopg.connect(replicated_database, autocommit=True)
+    try:
+        db = PinDb(replicated_database, conn, keys_file, tmp_path)
+        db.seed(PERSONS)
+        db.make_key_2_current()
+        yield db
+    finally:
+        conn.close()
+
+
+def on_new_key(db: PinDb) -> int:
+    row = db.conn.execute("SELECT count(*) FROM profile.persons WHERE key_version = 2").fetchone()
+    return int(row[0]) if row else 0
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never reached: {what}")
+        time.sleep(0.05)
+
+
+def wait_until_still(db: PinDb) -> int:
+    """The count of rows on the new key once it has held still over STILL_POLLS polls."""
+    counts: list[int] = []
+
+    def still() -> bool:
+        counts.append(on_new_key(db))
+        time.sleep(POLL_S)
+        return len(counts) >= STILL_POLLS and len(set(counts[-STILL_POLLS:])) == 1
+
+    wait_until(still, "the drain stopped writing")
+    return counts[-1]
+
+
+class Run:
+    """``run_rotation`` over the Person target in a thread."""
+
+    def __init__(self, db: PinDb, control: Callable[[], Any] | None = None, **job: Any) -> None:
+        settings = db.settings(batch_size=20, inter_batch_delay=0.02, **job)
+        self.report: rotation.RunReport | None = None
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        # In a copy of the test's context, as Prefect's task threads are: its settings reach the run.
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, settings, control),
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, settings: Any, control: Callable[[], Any] | None) -> None:
+        try:
+            self.report = rotation.run_rotation(settings, target_names=["Person"], stop=self.stop,
+                                                throttle_control=control)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            self.error = e
+
+    def finish(self) -> rotation.RunReport:
+        self.thread.join(BOUND_S)
+        if self.thread.is_alive():
+            self.stop.set()
+            self.thread.join(BOUND_S)
+            raise AssertionError("the run did not finish")
+        if self.error is not None:
+            raise self.error
+        assert self.report is not None
+        return self.report
+
+
+def test_with_replay_paused_on_the_replica_the_drain_stops_writing_and_finishes_after_resume(
+        pin: PinDb, pg_replica: Replica, log_lines: list[str]) -> None:
+    pg_replica.pause_replay()
+    run = Run(pin, max_replica_lag=0.3)
+    try:
+        wait_until(lambda: on_new_key(pin) > 0, "the first batches")
+        held = wait_until_still(pin)
+        assert 0 < held < PERSONS
+        assert run.thread.is_alive()
+        assert any("event=throttle_waiting" in line and "reason=lag" in line for line in log_lines)
+    finally:
+        pg_replica.resume_replay()
+    report = run.finish()
+    assert report.exit_code == rotation.EXIT_OK
+    assert report.targets["Person"].reencrypted == PERSONS
+    assert report.targets["Person"].backlog_remaining == 0
+    assert on_new_key(pin) == PERSONS
+    assert any("event=throttle_resumed" in line and "after=lag" in line for line in log_lines)
+
+
+def test_a_critical_replica_lag_stops_the_run_fail_safe_with_exit_4(pin: PinDb, pg_replica: Replica) -> None:
+    pg_replica.pause_replay()
+    try:
+        report = Run(pin, max_replica_lag=0.2, critical_replica_lag=0.6).finish()
+    finally:
+        pg_replica.resume_replay()
+    assert report.exit_code == rotation.EXIT_FAIL_CLOSED
+    person = report.targets["Person"]
+    assert person.stopped == "throttle_critical"
+    assert person.error is not None and "job.critical_replica_lag" in person.error
+    assert 0 < on_new_key(pin) < PERSONS  # what committed before the stop stays
+
+
+def test_a_prefect_variable_set_to_paused_stops_a_running_drain_and_clearing_it_resumes(
+        pin: PinDb, prefect_api: str) -> None:
+    from prefect.variables import Variable
+
+    from flows.throttle import VariableThrottleControl
+
+    name = f"pinrotate_throttle_{uuid.uuid4().hex[:8]}"
+    control = VariableThrottleControl(name, ttl=0.2)
+    assert control() is None  # no Variable: no say
+    run = Run(pin, control=control)
+    try:
+        wait_until(lambda: on_new_key(pin) > 0, "the first batches")
+        Variable.set(name, {"paused": True}, overwrite=True)
+        held = wait_until_still(pin)
+        assert 0 < held < PERSONS
+        assert run.thread.is_alive()
+        Variable.set(name, {}, overwrite=True)
+    finally:
+        Variable.unset(name)
+    report = run.finish()
+    assert report.exit_code == rotation.EXIT_OK
+    assert on_new_key(pin) == PERSONS
+
+
+def test_the_variable_reader_caches_and_keeps_the_last_value_when_the_api_is_unreachable(
+        prefect_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.variables import Variable
+
+    from flows.throttle import VariableThrottleControl
+
+    name = f"pinrotate_throttle_{uuid.uuid4().hex[:8]}"
+    now = [0.0]
+    control = VariableThrottleControl(name, ttl=5.0, clock=lambda: now[0])
+    Variable.set(name, {"paused": True, "batch_size": 50}, overwrite=True)
+    try:
+        assert control() == {"paused": True, "batch_size": 50}
+        Variable.set(name, {}, overwrite=True)
+        now[0] = 1.0
+        assert control() == {"paused": True, "batch_size": 50}  # cached for ttl seconds
+        now[0] = 6.0
+        assert control() == {}
+        Variable.set(name, {"paused": True}, overwrite=True)
+        # A Prefect API that cannot be reached: the last value read stays in force.
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+            now[0] = 12.0
+            assert control() == {}
+    finally:
+        Variable.unset(name)
