@@ -17,7 +17,6 @@ from typing import Any
 from prefect import flow
 from prefect.client.schemas.objects import State
 from prefect.context import get_run_context
-from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture, as_completed
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
@@ -27,9 +26,9 @@ from flows.runtime import (
     RunFailedClosed,
     RunProgress,
     api_url,
-    cancel_flow_run,
     cancellation_watch,
     quiet_fail_closed_tracebacks,
+    sigterm_cancels,
     task_runner,
 )
 from flows.tasks import (
@@ -73,7 +72,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                             engine=make_engine(database_url(settings), pool_size=1))
     stop = threading.Event()
     try:
-        with cancellation_watch(flow_run_id, stop):
+        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop):
             spec = dataclasses.replace(spec, current_key=read_current_key(spec))
             with rotation.single_instance(ctx) as got:
                 if not got:
@@ -106,13 +105,15 @@ class ShardDrains:
         self.progress = progress
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
 
-    def submit(self, runner: TaskRunner[Any]) -> None:
+    def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
         for s in self.shards:
+            if stop.is_set():
+                break  # cancelled while submitting: the rest stays for the next run
             params = {"spec": self.spec, "target": s.target, "shard": s.shard, "id_range": s.id_range, "rows": s.rows}
             self.pending[runner.submit(drain_shard, params)] = s
 
     def collect(self, stop: threading.Event) -> None:
-        """Until every shard has reported (a SIGTERM may interrupt this; call it again to go on)."""
+        """Until every submitted shard has reported."""
         for future in as_completed(list(self.pending)):
             shard = self.pending.pop(future, None)
             if shard is None:
@@ -135,11 +136,14 @@ class ShardDrains:
             return stopped_result(shard.target, self.spec, DatabaseError(message), STOP_DB_ERROR, shard.rows)
 
     def by_target(self) -> dict[str, DrainResult]:
-        """One result per target, in the configured order (shards that never reported are left out)."""
+        """One result per target, in the configured order; a shard never started (the run was
+        cancelled first) counts as stopped, its backlog left for the next run."""
         out: dict[str, list[DrainResult]] = {}
         for s in self.shards:
-            if s.result is not None:
-                out.setdefault(s.target, []).append(s.result)
+            if s.result is None:
+                s.result = stopped_result(s.target, self.spec, PinrotateError("cancelled before it started"),
+                                          STOP_CANCELLED, s.rows)
+            out.setdefault(s.target, []).append(s.result)
         return {name: merge_results(parts) for name, parts in out.items()}
 
     def rows(self) -> list[dict[str, Any]]:
@@ -155,16 +159,8 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
     progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
     drains = ShardDrains(spec, plan, progress)
     with task_runner(settings, api_url()) as runner:
-        drains.submit(runner)
-        try:
-            drains.collect(stop)
-        except TerminationSignal:
-            # SIGTERM reaches this thread only: cancel the flow run, which every drain, in any
-            # process, sees within a second and stops between batches; then wait for them.
-            stop.set()
-            log_event("cancel_requested", run_id=spec.run_id, reason="sigterm")
-            cancel_flow_run(spec.run_id)
-            drains.collect(stop)
+        drains.submit(runner, stop)
+        drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())

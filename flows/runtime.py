@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import signal
 import threading
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.states import Cancelling
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
@@ -76,17 +78,14 @@ def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = C
     def poll() -> None:
         try:
             with get_client(sync_client=True) as client:
-                while not done.wait(every):
-                    try:
-                        state = client.read_flow_run(UUID(flow_run_id)).state
-                    except (PrefectHTTPStatusError, ObjectNotFound, OSError):
-                        continue  # the API is briefly unreachable: try again, the drain goes on
-                    if state is not None and (state.is_cancelling() or state.is_cancelled()):
-                        log_event("cancel_requested", run_id=flow_run_id)
-                        stop.set()
+                # At once, then every `every` seconds: a short shard must not miss a cancellation.
+                while not _cancelling(client, flow_run_id):
+                    if done.wait(every):
                         return
         except OSError:
             return  # no API at all: nothing can cancel through it; SIGTERM still reaches the flow
+        log_event("cancel_requested", run_id=flow_run_id)
+        stop.set()
 
     context = contextvars.copy_context()
     thread = threading.Thread(target=context.run, args=(poll,), name=f"cancel-watch-{flow_run_id[:8]}",
@@ -96,6 +95,50 @@ def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = C
         yield
     finally:
         done.set()
+
+
+@contextlib.contextmanager
+def sigterm_cancels(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM cancels the flow run through the API.
+
+    Prefect's own handler raises TerminationSignal wherever the main thread happens to be (in the
+    middle of submitting a task, even inside a serializer that wraps it in another exception); this
+    one only sets ``stop`` and cancels the flow run, which every drain of the run, in any process,
+    sees within a second and stops between batches. The flow then reports as usual (exit 143).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        log_event("cancel_requested", run_id=flow_run_id, reason="sigterm")
+        # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
+        threading.Thread(target=contextvars.copy_context().run, args=(cancel_flow_run, flow_run_id),
+                         name="cancel-flow-run", daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
+    try:
+        state = client.read_flow_run(UUID(flow_run_id)).state
+    except (PrefectHTTPStatusError, ObjectNotFound, OSError):
+        return False  # the API is briefly unreachable: the drain goes on, the next poll tries again
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def flow_run_cancelling(flow_run_id: str) -> bool:
+    """Is the flow run being cancelled? (Asked once before a task starts: Prefect does not refuse to
+    start a task of a cancelling flow run.)"""
+    with get_client(sync_client=True) as client:
+        return _cancelling(client, flow_run_id)
 
 
 def cancel_flow_run(flow_run_id: str) -> None:

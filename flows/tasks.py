@@ -34,7 +34,7 @@ from tenacity import (
 )
 
 from flows import reports
-from flows.runtime import cancellation_watch
+from flows.runtime import cancellation_watch, flow_run_cancelling
 from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
@@ -48,7 +48,7 @@ from pinrotate_core.drain import (
     DrainResult,
     natural_id_order,
 )
-from pinrotate_core.errors import DatabaseError, KeyUnavailable, RefusedToStart
+from pinrotate_core.errors import DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
 from pinrotate_core.log import configure_stderr_logging
 from pinrotate_core.schemes.base import FailedRow
 
@@ -215,6 +215,9 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     configure_stderr_logging()
     stop = threading.Event()
     attempts: list[DrainResult] = []
+    if flow_run_cancelling(spec.run_id):
+        return {**result_as_dict(stopped_result(target, spec, PinrotateError("cancelled before it started"),
+                                                STOP_CANCELLED, rows)), "shard": shard, "worker": _where()}
 
     def attempt() -> DrainResult:
         try:
@@ -251,7 +254,11 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         merged.backlog_before = attempts[0].backlog_before
         merged.backlog_remaining = attempts[-1].backlog_remaining
     # Where it ran (host:pid), for the per-shard table: names a process, never data.
-    return {**result_as_dict(merged), "shard": shard, "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    return {**result_as_dict(merged), "shard": shard, "worker": _where()}
+
+
+def _where() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @task(name="verify", persist_result=False, cache_policy=NO_CACHE)
