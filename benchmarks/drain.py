@@ -4,6 +4,7 @@
     python benchmarks/drain.py --rows 1000000     # peak memory must not grow with the table
     python benchmarks/drain.py --workers 2        # max_degree_of_parallelism
     python benchmarks/drain.py --transit          # also the Vault Transit rewrap drain (local OpenBao)
+    python benchmarks/drain.py --dask 2           # also: shards on a local Dask cluster of 2 worker processes
 
 Seeds the Pin profile preset under key 1 (test keys, thrown away), promotes key 2, drains the
 Person target (4 cipher columns) and prints rows/s and peak RSS during the drain, with, in the same
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -96,6 +98,54 @@ def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> 
     return moved, time.perf_counter() - started
 
 
+def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any]) -> tuple[int, int]:
+    """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS in KiB)."""
+    from pinrotate_core import rotation
+
+    ctx = rotation.open_run(settings_from_mapping(raw), run_id="benchmark")
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        moved = rotation.drain(ctx, "Person", workers=1, id_range=id_range).reencrypted
+    finally:
+        ctx.close()
+    return moved, _peak_rss_kb()
+
+
+def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str, int]]:
+    """Shards (4 per process) on a local Dask cluster of ``processes`` one-thread worker processes,
+    the cluster started before the clock; (rows, seconds, peak RSS KiB per worker)."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from pinrotate_core import rotation
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(processes)
+        started = time.perf_counter()
+        ctx = rotation.open_run(settings_from_mapping(raw), run_id="benchmark")
+        try:
+            rotation.read_current_key(ctx, announce=False)
+            rotation.resolve_all(ctx)
+            shards = [r for r, _ in rotation.plan_shards(ctx, "Person", 4 * processes)]
+        finally:
+            ctx.close()
+        futures = [client.submit(_dask_shard, raw, r, pure=False) for r in shards]
+        moved = sum(future.result()[0] for future in futures)
+        secs = time.perf_counter() - started
+        peaks = client.run(_peak_rss_kb)  # each worker process's peak since it started
+    return moved, secs, {str(k): int(v) for k, v in peaks.items()}
+
+
+def _peak_rss_kb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int, new_version: int) -> float:
     """The naive job: one row per transaction (SELECT FOR UPDATE, UPDATE, COMMIT); rows/s on a sample."""
     started = time.perf_counter()
@@ -125,6 +175,8 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=2000, help="rows for the row-at-a-time comparison")
     ap.add_argument("--database-url", help="an existing server's database (default: embedded, temporary)")
     ap.add_argument("--transit", action="store_true", help="also benchmark the Vault Transit rewrap drain")
+    ap.add_argument("--dask", type=int, default=0, metavar="N",
+                    help="also: shards of the same rows on a local Dask cluster of N worker processes")
     ap.add_argument("--processes", type=int, default=0,
                     help="also: this many independent runs at once (separate processes) on the same rows")
     args = ap.parse_args()
@@ -182,6 +234,16 @@ def main() -> int:
             moved, secs = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
             print(f"{args.processes} runs in parallel (processes): {moved:,} rows in {secs:.2f} s = "
                   f"{moved / secs:,.0f} rows/s; vs one run = {moved / secs / drain_rate:.2f}x")
+        if args.dask:
+            provider.add_key()
+            provider.promote(provider.load_keyring().ids()[-1])  # a fresh backlog: every row moves again
+            raw = {"database": {"url": url}, "keys": {"provider": "file", "file": str(sandbox / "keys.toml")},
+                   "job": {"batch_size": args.batch_size, "inter_batch_delay": 0}, "targets": [PERSON]}
+            moved, secs, peaks = dask_run(raw, args.dask)
+            dask_rate = moved / secs
+            print(f"dask, {args.dask} processes: {moved:,} rows in {secs:.2f} s = {dask_rate:,.0f} rows/s; "
+                  f"vs one process = {dask_rate / drain_rate:.2f}x; dask / UPDATE = {dask_rate / update_rate:.2f}")
+            print("peak RSS per Dask worker: " + ", ".join(f"{kb / 1024:.1f} MiB" for kb in peaks.values()))
         provider.add_key()  # a new key, current stays 2: the loop writes it by hand
         ring_now = FileKeyProvider(sandbox / "keys.toml").load_keyring()
         newest = ring_now.ids()[-1]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+from flows.reports import emit, fail, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -142,19 +143,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return ns
 
 
-def emit(ns: argparse.Namespace, document: dict[str, Any], human: str) -> None:
-    if ns.json:
-        sys.stdout.write(json.dumps(document, sort_keys=False, default=str) + "\n")
-    else:
-        sys.stdout.write(human.rstrip("\n") + "\n")
-    sys.stdout.flush()
-
-
-def fail(ns: argparse.Namespace | None, code: int, message: str) -> int:
-    sys.stderr.write(f"pinrotate: error: {message}\n")
-    if ns is not None and ns.json:
-        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
-    return code
+class Terminated(BaseException):
+    """SIGTERM outside a flow run's drains (a BaseException, so that nothing on the way swallows it)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "demo":
             from flows import demo
 
-            return demo.run(ns, emit)
+            return demo.run(ns)
         return fail(ns, 2, f"unknown command {ns.command}")
     except ConfigError as e:
         return fail(ns, rotation.EXIT_CONFIG, str(e))
@@ -196,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(ns, rotation.EXIT_UNEXPECTED, str(e))
     except KeyboardInterrupt:
         return fail(ns, rotation.EXIT_TERMINATED, "interrupted")
+    except Terminated:
+        return fail(ns, rotation.EXIT_TERMINATED, "stopped by SIGTERM; everything committed stays")
 
 
 def _settings(ns: argparse.Namespace) -> Settings:
@@ -205,11 +197,14 @@ def _settings(ns: argparse.Namespace) -> Settings:
 # -- run --------------------------------------------------------------------------------------------
 
 def install_stop_handlers() -> None:
-    """SIGTERM / SIGINT stop every drain between batches; the open batch finishes or rolls back."""
-    from flows import runtime
+    """SIGTERM before or after the flow's drains ends the command with exit 143.
 
+    While the drains run, Prefect's own handler turns SIGTERM into a TerminationSignal in the flow,
+    which cancels the flow run: every drain, in any process, stops between batches and the run
+    report is printed as usual (exit 143).
+    """
     def handler(signum: int, frame: FrameType | None) -> None:
-        runtime.request_stop()
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -243,69 +238,14 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
-    from prefect.exceptions import TerminationSignal
-
-    from flows import runtime
-    from flows.rotate import run_flow
+    from flows.rotate_flow import run_flow
 
     install_stop_handlers()
-    state = None
-    try:
-        state, report = run_flow(**params)
-    except TerminationSignal:
-        report = runtime.last_report()
-        if report is None:
-            return fail(ns, rotation.EXIT_TERMINATED, "stopped by SIGTERM before the first batch")
-    if report is None:
-        return _flow_failure(ns, state)
-    if runtime.stop_requested():
-        report.cancelled = True
-    emit(ns, report.as_dict(), human_report(report))
-    return report.exit_code
-
-
-def _flow_failure(ns: argparse.Namespace, state: Any) -> int:
-    """The flow ended without a report: find our error in its state and map it to an exit code."""
-    try:
-        state.result(raise_on_failure=True)
-    except ConfigError as e:
-        return fail(ns, rotation.EXIT_CONFIG, str(e))
-    except (KeyUnavailable, DatabaseError) as e:
-        return fail(ns, rotation.EXIT_FAIL_CLOSED, f"{e}")
-    except PinrotateError as e:
-        return fail(ns, rotation.EXIT_UNEXPECTED, str(e))
-    name = getattr(state, "name", "unknown")
-    return fail(ns, rotation.EXIT_UNEXPECTED, f"the flow run ended {name} without a report")
-
-
-def human_report(report: rotation.RunReport) -> str:
-    d = report.as_dict()
-    head = f"pinrotate run {d['run_id']}  current key {d['current_key']}" + ("  (DRY RUN: nothing written)" if d["dry_run"] else "")
-    if report.skipped:
-        return f"{head}\n{report.skipped}; nothing to do in this run."
-    lines = [head, "",
-             f"{'target':<22}{'re-encrypted':>13}{'failed':>8}{'conflicts':>10}{'backlog left':>13}{'batches':>8}{'seconds':>9}"]
-    for name, t in d["targets"].items():
-        lines.append(f"{name:<22}{t['reencrypted']:>13}{t['failed']:>8}{t['conflicts']:>10}"
-                     f"{t['backlog_remaining']:>13}{t['batches']:>8}{t['duration_ms'] / 1000:>9.1f}"
-                     + (f"  stopped: {t['stopped']}" if t.get("stopped") else ""))
-    for name, t in d["targets"].items():
-        if t.get("error"):
-            lines.append(f"  {name}: {t['error']}")
-        for f in t.get("failed_rows", [])[:10]:
-            lines.append(f"  {name}: row {f['id']} left unchanged ({f['reason']}: {', '.join(f['columns'])})")
-    verified = d["verified"]
-    if verified:
-        sampled = sum(v.get("sampled", 0) for v in verified.values())
-        ok = sum(v.get("decrypted", 0) for v in verified.values())
-        lines += ["", f"verified: {ok} of {sampled} re-encrypted rows re-read and decrypted under key {d['current_key']}"]
-    for key, g in d["gate"].items():
-        blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
-        lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
-                                               else f"closed ({blocking})"))
-    if report.cancelled:
-        lines.append("stopped between batches: everything committed stays; the next run resumes")
-    return "\n".join(lines)
+    outcome = run_flow(**params)
+    if outcome.report is None:
+        return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
+    emit(ns, outcome.report, run_report(outcome.report))
+    return outcome.exit_code
 
 
 # -- inventory and gate ---------------------------------------------------------------------------------
@@ -314,15 +254,7 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
     inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
     d = inv.as_dict()
-    cats = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "EXCLUDED", "FAILED", "CONFLICT",
-            "BLOCKED")
-    lines = [f"current key {d['current_key']}" + ("  (deep: every value decrypted)" if ns.deep else ""), "",
-             f"{'target':<22}{'total':>9}" + "".join(f"{c:>12}" for c in cats)]
-    for name, t in d["targets"].items():
-        lines.append(f"{name:<22}{t['total']:>9}" + "".join(f"{t[c]:>12}" for c in cats))
-        by_key = ", ".join(f"{k}: {n}" for k, n in t["by_key"].items())
-        lines.append(f"{'':<22}by key: {by_key or '-'}" + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
-    emit(ns, d, "\n".join(lines))
+    emit(ns, d, inventory_report(d, deep=ns.deep))
     return rotation.EXIT_OK
 
 

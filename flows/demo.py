@@ -19,7 +19,7 @@ import tempfile
 import time
 import tomllib
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import psycopg
 import tomli_w
 
 from flows import presets
+from flows.reports import demo_report, emit, fail
 from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
@@ -36,15 +37,13 @@ from pinrotate_core.providers import KeyringAdmin
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import build_vault_provider
 
-Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
-
 
 def _say(ns: argparse.Namespace, text: str) -> None:
     # Progress for people goes to stderr, so that --json keeps stdout to one document.
     print(f"demo: {text}", file=sys.stderr, flush=True)
 
 
-def run(ns: argparse.Namespace, emit: Emit) -> int:
+def run(ns: argparse.Namespace) -> int:
     if ns.rows < 4:
         raise ConfigError("--rows: must be at least 4")
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
@@ -85,21 +84,18 @@ def run(ns: argparse.Namespace, emit: Emit) -> int:
         config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, source=str(config_path))
 
-        from flows.cli import human_report, run_through_flow
+        from flows.rotate_flow import run_flow
 
-        code, report = run_through_flow_quiet(ns, run_through_flow, config_path)
-        if report is None:
-            return code
+        outcome = run_flow(config_path=str(config_path), dry_run=False, targets=None, tenant=None,
+                           expected_key_version=None)
+        if outcome.report is None:
+            return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
         after = rotation.inventory(settings, deep=True)
         gate = evaluate_gate(after, "1")
-        doc = {**report.as_dict(), "demo": {"rows_seeded": summary.total_rows, "sandbox": str(sandbox),
-                                            "inventory_after": after.as_dict(), "gate_key_1": gate.as_dict()}}
-        human = human_report(report) + "\n\n" + (
-            f"inventory after (deep): {after.total('ACTIVE')} rows on key 2, {after.total('HISTORICAL')} left on key 1, "
-            f"{after.total('FAILED')} failed, {after.total('EXCLUDED')} drafts excluded\n"
-            f"gate --retire 1: {'OPEN: key 1 may be destroyed' if gate.open else 'closed'}")
-        emit(ns, doc, human)
-        return code
+        doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "sandbox": str(sandbox),
+                                          "inventory_after": after.as_dict(), "gate_key_1": gate.as_dict()}}
+        emit(ns, doc, demo_report(doc))
+        return outcome.exit_code
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -163,16 +159,3 @@ def _wait_for_vault(addr: str, proc: subprocess.Popen[bytes], timeout: float = 3
         except OSError:
             time.sleep(0.2)
     raise ConfigError("demo --keys vault: the local bao dev server did not become ready")
-
-
-def run_through_flow_quiet(ns: argparse.Namespace, runner: Callable[..., int],
-                           config_path: Path) -> tuple[int, rotation.RunReport | None]:
-    """Run the flow and keep its report for the demo's own, longer summary."""
-    from flows import runtime
-
-    quiet = argparse.Namespace(**{**vars(ns), "json": True})
-    devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the demo prints its own report
-    with devnull, contextlib.redirect_stdout(devnull):
-        code = runner(quiet, config_path=str(config_path), dry_run=False, targets=None, tenant=None,
-                      expected_key_version=None)
-    return code, runtime.last_report()

@@ -1,276 +1,208 @@
-"""In-process state of the flow runs of this process: contexts, per-target results, progress.
+"""What a flow run needs from Prefect and Dask besides its tasks: the task runner chosen in the
+configuration, cancellation seen from any process, the progress artifact, and a clean Failed end.
 
-Task parameters stay small and secret-free (a run id and a target name); everything heavy or
-secret (engine, keyring) lives here, in memory, for the duration of one flow run.
+Nothing here keeps state between calls: every object belongs to one flow run and is passed along.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
+import signal
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 from uuid import UUID
 
-from pinrotate_core import rotation
-from pinrotate_core.drain import BatchEvent, DrainResult
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.states import Cancelling
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
-from pinrotate_core.inventory import take_inventory
 from pinrotate_core.log import log_event
 
-PROGRESS_EVERY_S = 1.0
 CANCEL_POLL_S = 1.0
+PROGRESS_KEY = "pinrotate-progress"  # an artifact key, so that `prefect artifact ls` lists it
+MAX_THREADS = 64
 
 
-@dataclass
-class _Run:
-    ctx: rotation.RunContext
-    results: dict[str, DrainResult] = field(default_factory=dict)
-    futures: list[Any] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    progress_id: UUID | None = None
-    progress_update: Callable[..., Any] | None = None
-    progress_total: int = 0
-    progress_done: int = 0
-    progress_sent: float = 0.0
+# -- the task runner ------------------------------------------------------------------------------
 
+def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
+    """The runner of the drain tasks: ``[job] task_runner`` = threads (default) or dask.
 
-_RUNS: dict[str, _Run] = {}
-_LAST_REPORT: list[rotation.RunReport | None] = [None]
-_STOP_ALL = threading.Event()  # set by the CLI's SIGTERM handler: every run of this process stops
-
-
-def register(ctx: rotation.RunContext) -> None:
-    _LAST_REPORT[0] = None
-    if _STOP_ALL.is_set():
-        ctx.stop.set()
-    _RUNS[ctx.run_id] = _Run(ctx)
-
-
-def unregister(run_id: str) -> None:
-    run = _RUNS.pop(run_id, None)
-    if run is not None:
-        run.ctx.close()
-
-
-def context(run_id: str) -> rotation.RunContext:
-    return _run(run_id).ctx
-
-
-def _run(run_id: str) -> _Run:
-    try:
-        return _RUNS[run_id]
-    except KeyError:
-        raise PinrotateError(f"run {run_id} is not active in this process") from None
-
-
-def request_stop() -> None:
-    """Stop every run of this process between batches (SIGTERM, Ctrl-C)."""
-    _STOP_ALL.set()
-    for run in list(_RUNS.values()):
-        run.ctx.stop.set()
-
-
-def stop_requested() -> bool:
-    return _STOP_ALL.is_set()
-
-
-def results(run_id: str) -> dict[str, DrainResult]:
-    run = _run(run_id)
-    with run.lock:
-        order = [t.name for t in run.ctx.targets]
-        return {n: run.results[n] for n in order if n in run.results}
-
-
-def record_attempt(run_id: str, result: DrainResult) -> DrainResult:
-    """Fold one attempt of a target's drain into its result for the run (retries add up)."""
-    run = _run(run_id)
-    with run.lock:
-        prev = run.results.get(result.target)
-        if prev is not None:
-            seen = {f.id for f in result.failed}
-            result.reencrypted += prev.reencrypted
-            result.batches += prev.batches
-            result.conflicts += prev.conflicts
-            result.duration_ms += prev.duration_ms
-            result.backlog_before = max(result.backlog_before, prev.backlog_before)
-            result.failed = sorted([*result.failed, *(f for f in prev.failed if f.id not in seen)], key=lambda f: f.id)
-            result.sample_ids = list(dict.fromkeys([*result.sample_ids, *prev.sample_ids]))[:64]
-        run.results[result.target] = result
-        return result
-
-
-def track(run_id: str, futures: list[Any]) -> None:
-    run = _run(run_id)
-    with run.lock:
-        run.futures.extend(futures)
-
-
-def wait_for_drains(run_id: str) -> None:
-    run = _RUNS.get(run_id)
-    if run is None:
-        return
-    for future in list(run.futures):
-        future.wait()
-
-
-# -- progress -----------------------------------------------------------------------------------
-
-def start_progress(run_id: str, create: Callable[..., UUID], update: Callable[..., Any]) -> None:
-    """A progress artifact for the run: share of the backlog at the start that has been handled."""
-    run = _run(run_id)
-    ctx = run.ctx
-    assert ctx.keyring is not None
-    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant)
-    run.progress_total = sum(t.counts["HISTORICAL"] + t.counts["LEGACY"] for t in inv.targets.values())
-    run.progress_id = create(progress=0.0 if run.progress_total else 100.0,
-                             description=f"pinrotate run {run_id}: rows moved to key {ctx.keyring.current}")
-    run.progress_update = update
-
-
-def progress_hook(run_id: str) -> Callable[[BatchEvent], None]:
-    run = _run(run_id)
-
-    def on_batch(event: BatchEvent) -> None:
-        with run.lock:
-            run.progress_done += event.reencrypted + event.failed
-            now = time.monotonic()
-            if run.progress_id is None or run.progress_update is None or now - run.progress_sent < PROGRESS_EVERY_S:
-                return
-            run.progress_sent = now
-            share = 100.0 * min(1.0, run.progress_done / run.progress_total) if run.progress_total else 100.0
-        run.progress_update(artifact_id=run.progress_id, progress=round(share, 1))
-
-    return on_batch
-
-
-def _final_progress(run: _Run) -> None:
-    if run.progress_id is None or run.progress_update is None:
-        return
-    share = 100.0 * min(1.0, run.progress_done / run.progress_total) if run.progress_total else 100.0
-    run.progress_update(artifact_id=run.progress_id, progress=round(share, 1))
-
-
-# -- cancellation --------------------------------------------------------------------------------
-
-def watch_cancellation(flow_run_id: str, stop: threading.Event) -> threading.Event:
-    """Poll the API for a cancellation of this flow run (UI / API) and turn it into a stop.
-
-    A flow run started outside a worker gets no signal when it is cancelled from the UI; without
-    this the drains would carry on until they finish.
+    Dask: an existing cluster at ``[job] dask_address``, else a local cluster of
+    ``max_degree_of_parallelism`` worker processes of one thread each (Python's crypto holds the
+    GIL: processes, not threads, use more cores). Local workers are told the Prefect API of this
+    run, so that they report to the same server even when it is the temporary one.
     """
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import PrefectHTTPStatusError
+    job = settings.job
+    if job.task_runner == "threads":
+        return ThreadPoolTaskRunner(max_workers=min(job.max_degree_of_parallelism, MAX_THREADS))
+    from prefect_dask.task_runners import DaskTaskRunner
 
+    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    if job.dask_address:
+        return DaskTaskRunner(address=job.dask_address)
+    env = {"PREFECT_API_URL": api_url} if api_url else {}
+    return DaskTaskRunner(cluster_kwargs={
+        "n_workers": job.max_degree_of_parallelism, "threads_per_worker": 1, "processes": True,
+        "dashboard_address": None, "env": env})
+
+
+def api_url() -> str | None:
+    """The Prefect API this process talks to: PREFECT_API_URL when set, else the temporary server."""
+    with get_client(sync_client=True) as client:
+        return str(client.api_url).rstrip("/") or None
+
+
+# -- cancellation ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = CANCEL_POLL_S) -> Iterator[None]:
+    """While the block runs, poll the flow run's state and set ``stop`` once it is being cancelled.
+
+    Runs in every process that drains (the flow's, each Dask worker's): a cancellation from the UI,
+    the API or a SIGTERM to the CLI (which cancels the flow run) reaches every drain this way, and
+    each stops between batches. The thread runs in a copy of the caller's context, so that it talks
+    to the same Prefect API as the run does.
+    """
     done = threading.Event()
 
     def poll() -> None:
-        client = get_client(sync_client=True)
-        with client:
-            while not done.wait(CANCEL_POLL_S):
-                try:
-                    state = client.read_flow_run(UUID(flow_run_id)).state
-                except (PrefectHTTPStatusError, OSError):
-                    continue  # the API is briefly unreachable: try again, the run goes on
-                if state is not None and (state.is_cancelling() or state.is_cancelled()):
-                    log_event("cancel_requested", run_id=flow_run_id)
-                    stop.set()
-                    return
+        try:
+            with get_client(sync_client=True) as client:
+                # At once, then every `every` seconds: a short shard must not miss a cancellation.
+                while not _cancelling(client, flow_run_id):
+                    if done.wait(every):
+                        return
+        except OSError:
+            return  # no API at all: nothing can cancel through it; SIGTERM still reaches the flow
+        log_event("cancel_requested", run_id=flow_run_id)
+        stop.set()
 
-    threading.Thread(target=poll, name=f"cancel-watch-{flow_run_id[:8]}", daemon=True).start()
-    return done
-
-
-# -- the end of a run ------------------------------------------------------------------------------
-
-def _report(run: _Run) -> rotation.RunReport:
-    ctx = run.ctx
-    assert ctx.keyring is not None
-    report = rotation.RunReport(ctx.run_id, ctx.keyring.current, ctx.dry_run)
-    report.targets = results(ctx.run_id)
-    report.cancelled = ctx.stop.is_set()
-    report.duration_ms = (time.monotonic() - ctx.started) * 1000
-    return report
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(poll,), name=f"cancel-watch-{flow_run_id[:8]}",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
-def finish(run_id: str, verify_task: Any, gate_task: Any) -> Any:
-    """Verify, gate, metrics, artifacts. The flow run ends Completed, Cancelled (stopped between
-    batches) or Failed (stopped fail-closed, exit code 4), with the report attached either way, so
-    that the Prefect UI shows a fail-closed run as failed."""
-    from prefect.states import Cancelled, Failed
+@contextlib.contextmanager
+def sigterm_cancels(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM cancels the flow run through the API.
 
-    run = _run(run_id)
-    ctx = run.ctx
-    report = _report(run)
-    if report.cancelled:
-        # Cancelling: the API may refuse new task runs, so the last steps run directly.
-        report.verified = rotation.verify(ctx, report.targets)
-        report.gate = rotation.gate_report(ctx, report.targets)
-    else:
-        report.verified = verify_task(run_id)
-        report.gate = gate_task(run_id, report.as_dict())
-    _final_progress(run)
-    _conclude(ctx, report)
-    if report.cancelled:
-        return Cancelled(message="stopped between batches; committed batches stay", data=report.as_dict())
-    if report.exit_code != rotation.EXIT_OK:
-        return Failed(message=f"stopped fail-closed: {fail_closed_summary(report)}", data=report.as_dict())
-    return report.as_dict()
-
-
-def fail_closed_summary(report: rotation.RunReport) -> str:
-    """Which targets failed closed and why, by name and count only."""
-    parts = []
-    for name, r in report.targets.items():
-        if r.stopped in ("key_unavailable", "db_error"):
-            parts.append(f"{name} stopped ({r.stopped})")
-        if r.failed:
-            parts.append(f"{name}: {len(r.failed)} rows left unchanged")
-        if r.conflicts:
-            parts.append(f"{name}: {r.conflicts} conflicts")
-    unverified = [n for n, v in report.verified.items() if not v.get("ok", True)]
-    if unverified:
-        parts.append(f"verification failed for {', '.join(unverified)}")
-    return "; ".join(parts) or f"exit code {report.exit_code}"
-
-
-def finish_after_stop(run_id: str) -> None:
-    """SIGTERM path: the drains have stopped; record what was committed, without new tasks."""
-    run = _RUNS.get(run_id)
-    if run is None or run.ctx.keyring is None:
+    Prefect's own handler raises TerminationSignal wherever the main thread happens to be (in the
+    middle of submitting a task, even inside a serializer that wraps it in another exception); this
+    one only sets ``stop`` and cancels the flow run, which every drain of the run, in any process,
+    sees within a second and stops between batches. The flow then reports as usual (exit 143).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    report = _report(run)
-    report.cancelled = True
-    _conclude(run.ctx, report)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        log_event("cancel_requested", run_id=flow_run_id, reason="sigterm")
+        # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
+        threading.Thread(target=contextvars.copy_context().run, args=(cancel_flow_run, flow_run_id),
+                         name="cancel-flow-run", daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _conclude(ctx: rotation.RunContext, report: rotation.RunReport) -> None:
-    rotation.conclude(ctx, report)
-    set_last_report(report)
+def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
+    try:
+        state = client.read_flow_run(UUID(flow_run_id)).state
+    except (PrefectHTTPStatusError, ObjectNotFound, OSError):
+        return False  # the API is briefly unreachable: the drain goes on, the next poll tries again
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
 
 
-def set_last_report(report: rotation.RunReport) -> None:
-    _LAST_REPORT[0] = report
+def flow_run_cancelling(flow_run_id: str) -> bool:
+    """Is the flow run being cancelled? (Asked once before a task starts: Prefect does not refuse to
+    start a task of a cancelling flow run.)"""
+    with get_client(sync_client=True) as client:
+        return _cancelling(client, flow_run_id)
 
 
-def last_report() -> rotation.RunReport | None:
-    return _LAST_REPORT[0]
+def cancel_flow_run(flow_run_id: str) -> None:
+    """Put the flow run in Cancelling, which every drain of the run sees within about a second."""
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(UUID(flow_run_id), Cancelling(message="stopped by SIGTERM"), force=True)
 
 
-def gate_markdown(report: dict[str, Any]) -> str:
-    """The run report for people: counts, names and the gate per older key. Never a value."""
-    lines = [f"# pinrotate run `{report['run_id']}`", "",
-             f"Current key: **{report['current_key']}**" + (" (dry run)" if report["dry_run"] else ""), "",
-             "| target | re-encrypted | failed | conflicts | backlog left | batches | ms |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, t in report["targets"].items():
-        lines.append(f"| {name} | {t['reencrypted']} | {t['failed']} | {t['conflicts']} | "
-                     f"{t['backlog_remaining']} | {t['batches']} | {t['duration_ms']} |")
-    lines += ["", "## Retire gate", "", "| key | gate | blocking |", "|---|---|---|"]
-    for key, g in report.get("gate", {}).items():
-        blocking = ", ".join(f"{c} {n}" for c, n in g["blocking"].items()) or "nothing"
-        lines.append(f"| {key} | {'OPEN' if g['open'] else 'closed'} | {blocking} |")
-    if not report.get("gate"):
-        lines.append("| (no older key in the keyring) | | |")
-    return "\n".join(lines) + "\n"
+# -- progress ---------------------------------------------------------------------------------------
+
+class RunProgress:
+    """One progress artifact for the run: the share of the backlog at the start that has been handled."""
+
+    def __init__(self, run_id: str, current_key: str, total: int) -> None:
+        self.total = total
+        self.done = 0
+        created = create_progress_artifact(
+            progress=0.0 if total else 100.0, key=PROGRESS_KEY,
+            description=f"pinrotate run {run_id}: rows moved to key {current_key}")
+        self.artifact_id: UUID | None = created if isinstance(created, UUID) else None
+
+    @property
+    def share(self) -> float:
+        return round(100.0 * min(1.0, self.done / self.total), 1) if self.total else 100.0
+
+    def advance(self, rows: int) -> None:
+        self.done += rows
+        if self.artifact_id is not None:
+            update_progress_artifact(artifact_id=self.artifact_id, progress=self.share)
+
+
+# -- a clean Failed end -----------------------------------------------------------------------------
+
+class RunFailedClosed(PinrotateError):
+    """The data of a fail-closed run's Failed state: its message is counts and reasons only.
+
+    The report travels with it for the in-process caller (the CLI, the demo); Prefect never
+    persists it (the flow does not persist results).
+    """
+
+    def __init__(self, summary: str, report: dict[str, Any]) -> None:
+        super().__init__(summary)
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.report))
+
+
+class _NoTracebackForFailClosed(logging.Filter):
+    """A fail-closed stop is an outcome, not a crash: Prefect's engine logs every Failed flow run as
+    an "unexpected exception" with a traceback; for ours it logs the one-line summary instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, RunFailedClosed):
+            record.msg, record.args = "pinrotate run ended Failed: stopped fail-closed: %s", (str(exc),)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_fail_closed_tracebacks() -> None:
+    """Install the filter on the loggers of Prefect's flow engine (idempotent)."""
+    for name in ("prefect.flow_runs", "prefect.engine", "prefect.flow_engine"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForFailClosed) for f in logger.filters):
+            logger.addFilter(_NoTracebackForFailClosed())
+

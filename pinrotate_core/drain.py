@@ -676,6 +676,27 @@ def shard_bounds(conn: psycopg.Connection[Any], relation: sql.Composable, id_col
     return sorted(set(bounds))
 
 
+def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
+                  shards: int) -> list[tuple[tuple[Any, Any], int]]:
+    """The stale, in-scope ids of a target as at most ``shards`` ranges ``(lo, hi]`` of similar row
+    counts (quantiles of the id over the stale rows), each with its backlog; the outer ends are open,
+    so rows that turn stale later still fall in a shard. One range when there is little or nothing to do.
+    """
+    drain = Drain(engine, scheme, options)
+    try:
+        with raw_connection(engine) as conn:
+            if options.dry_run:
+                conn.execute("SET default_transaction_read_only = on")
+            backlog = drain.count_backlog(conn)
+            bounds = drain._range_bounds(conn, shards) if shards > 1 and backlog > 1 else []
+            ranges = list(zip([None, *bounds], [*bounds, None]))
+            if len(ranges) == 1:
+                return [((None, None), backlog)]
+            return [(r, drain.count_backlog(conn, id_range=r)) for r in ranges]
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
+
+
 def durability_barrier(conn: psycopg.Connection[Any]) -> None:
     """Return once every commit made so far is on disk.
 

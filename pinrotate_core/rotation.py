@@ -25,7 +25,7 @@ from psycopg import sql
 from ._files import write_atomically
 from .config import Settings, TargetSettings, pinrotate_home
 from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
-from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target
+from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target, split_backlog
 from .durability import confirm_flushed
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .gate import check_retire_key, evaluate_gate, gate_record, held_keys
@@ -250,15 +250,27 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
 
 
 def drain(ctx: RunContext, name: str, *, workers: int | None = None,
-          on_batch: Callable[[BatchEvent], None] | None = None) -> DrainResult:
+          on_batch: Callable[[BatchEvent], None] | None = None,
+          id_range: tuple[Any, Any] = (None, None)) -> DrainResult:
+    """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end)."""
+    return drain_target(ctx.engine, ctx.schemes[name], _drain_options(ctx, workers, on_batch, id_range))
+
+
+def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callable[[BatchEvent], None] | None = None,
+                   id_range: tuple[Any, Any] = (None, None)) -> DrainOptions:
     assert ctx.keyring is not None, "read_current_key first"
     job = ctx.settings.job
-    options = DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
-                           inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
-                           stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
-                           lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
-                           throttle=ctx.run_throttle() if ctx.throttled else None)
-    return drain_target(ctx.engine, ctx.schemes[name], options)
+    return DrainOptions(batch_size=job.batch_size, workers=workers or job.max_degree_of_parallelism,
+                        inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
+                        stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
+                        lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
+                        throttle=ctx.run_throttle() if ctx.throttled else None, id_range=id_range)
+
+
+def plan_shards(ctx: RunContext, name: str, shards: int) -> list[tuple[tuple[Any, Any], int]]:
+    """A target's backlog as at most ``shards`` id ranges of similar row counts, each with its backlog
+    (one range for a target with nothing to do): the shards a distributed run drains side by side."""
+    return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:

@@ -65,9 +65,13 @@ def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, 
         by_type.setdefault(a.type or "", []).append(a)
     assert {"table", "markdown", "progress"} <= set(by_type)
     assert by_type["progress"][0].data == 100.0
+    # A key, so that `prefect artifact ls` lists it (it lists keyed artifacts only).
+    assert by_type["progress"][0].key == "pinrotate-progress"
     table = by_type["table"][0].data
     rows = json.loads(table) if isinstance(table, str) else table
-    assert {r["target"]: r["reencrypted"] for r in rows}["Person"] == 300
+    assert {r["target"]: r["reencrypted"] for r in rows}["Person"] == 300  # a target's last row is its total
+    shards = [r for r in rows if r["target"] == "Person" and r["shard"] != "total"]
+    assert shards and sum(r["reencrypted"] for r in shards) == 300
     assert "OPEN" in by_type["markdown"][0].data
 
 
@@ -180,3 +184,34 @@ def test_sigterm_stops_every_drain_between_batches_with_exit_143(prefect_api: st
                                                                  tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB)
     _interrupt_a_run(profile, prefect_api, lambda proc: proc.send_signal(signal.SIGTERM))
+
+
+def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_traceback_or_row_id(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    """The worker's code path (``python -m prefect.engine FLOW_RUN_ID``), as a deployment run takes it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.rotate import pinrotate_rotate
+
+    profile = seed_profile(primary_database_url, tmp_path, rows=30, batch_size=10, inter_batch_delay=0)
+    with psycopg.connect(primary_database_url, autocommit=True) as conn:
+        (bad_id,) = conn.execute("SELECT id FROM profile.persons ORDER BY id LIMIT 1 OFFSET 7").fetchone()
+        conn.execute("UPDATE profile.persons SET first_name_cipher = set_byte(first_name_cipher, 20, "
+                     "get_byte(first_name_cipher, 20) # 1) WHERE id = %s", (bad_id,))
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(pinrotate_rotate, parameters={"config_path": str(profile.config_path)})
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT__FLOW_ENTRYPOINT": "flows/rotate.py:pinrotate_rotate"}
+    proc = subprocess.run([sys.executable, "-m", "prefect.engine", str(run.id)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    assert state is not None and state.is_failed(), output[-4000:]
+    assert "Person: 1 rows left unchanged" in (state.message or "")
+    everything = output + "\n".join(log.message for log in logs) + (state.message or "")
+    assert "Traceback" not in everything and "Unexpected result" not in everything
+    assert str(bad_id) not in (state.message or "") and str(bad_id) not in "\n".join(
+        log.message for log in logs if "stopped fail-closed" in log.message)
+    assert profile.key_versions("persons") == {2: 29, 1: 1}

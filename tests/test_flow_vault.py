@@ -113,8 +113,9 @@ def test_a_revoked_token_is_not_retried_and_the_run_fails_closed(
     token = admin.create_token(["default"])
     admin.revoke_token(token)
     os.environ["VAULT_TOKEN"] = token  # monkeypatch restores it
-    state, report = run_flow(config_path=str(cfg))
-    assert report is None and state is not None and state.is_failed()
+    outcome = run_flow(config_path=str(cfg))
+    state = outcome.state
+    assert outcome.report is None and outcome.exit_code == 4 and state is not None and state.is_failed()
     flow_run_id = str(state.state_details.flow_run_id)
     (read_key,) = _task_runs(flow_run_id, "read_current_key")
     assert read_key.run_count == 1  # a 403 is final: no retry

@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pinrotate_core", "flows")
 
 # Each entry: the modules of one cycle (a strongly connected component), exactly. Empty it as they go.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"flows.cli", "flows.demo", "flows.rotate"}),  # the reports module of issue 10 removes it
-})
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:

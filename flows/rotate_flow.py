@@ -1,0 +1,215 @@
+"""The Prefect flow ``pinrotate-rotate`` (deployed from ``flows/rotate.py``, its entry point).
+
+The flow wires the self-contained tasks of ``flows.tasks``: read the current key, plan the shards,
+drain every shard on the task runner the configuration names (threads, or Dask worker processes),
+verify, report. No key, plaintext or ciphertext is ever a flow parameter, a persisted result or an
+artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import flow
+from prefect.client.schemas.objects import State
+from prefect.context import get_run_context
+from prefect.futures import PrefectFuture, as_completed
+from prefect.states import Cancelled, Failed
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from flows import reports
+from flows.runtime import (
+    RunFailedClosed,
+    RunProgress,
+    api_url,
+    cancellation_watch,
+    quiet_fail_closed_tracebacks,
+    sigterm_cancels,
+    task_runner,
+)
+from flows.tasks import (
+    RunSpec,
+    drain_shard,
+    merge_results,
+    plan_shards,
+    read_current_key,
+    result_as_dict,
+    result_from_dict,
+    retire_gate_report,
+    stopped_result,
+    verify,
+)
+from pinrotate_core import rotation
+from pinrotate_core.config import load_settings, resolve_config_path
+from pinrotate_core.db import database_url, make_engine
+from pinrotate_core.drain import STOP_CANCELLED, STOP_DB_ERROR, DrainResult
+from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
+from pinrotate_core.log import configure_stderr_logging, log_event
+
+FLOW_NAME = "pinrotate-rotate"
+SHARDS_PER_WORKER = 4  # more shards than workers, so that one slow shard does not hold the run
+
+quiet_fail_closed_tracebacks()
+
+
+@flow(name=FLOW_NAME, persist_result=False, log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
+def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targets: list[str] | None = None,
+                     tenant: str | None = None, expected_key_version: str | None = None) -> Any:
+    """One rotation run. Parameters name things only: no key, value or secret is ever a parameter."""
+    configure_stderr_logging()
+    settings = load_settings(config_path)
+    flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
+    spec = RunSpec(config_path=str(resolve_config_path(config_path).resolve()), run_id=flow_run_id,
+                   targets=tuple(targets or ()), dry_run=dry_run, tenant=tenant, expected_key=expected_key_version,
+                   deadline=time.time() + settings.job.max_run_duration)
+    # The flow's own connection holds the single-instance lock while the tasks drain on theirs.
+    ctx = rotation.open_run(settings, target_names=spec.targets, dry_run=dry_run, expected_key=expected_key_version,
+                            tenant=tenant, run_id=flow_run_id,
+                            engine=make_engine(database_url(settings), pool_size=1))
+    stop = threading.Event()
+    try:
+        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop):
+            spec = dataclasses.replace(spec, current_key=read_current_key(spec))
+            with rotation.single_instance(ctx) as got:
+                if not got:
+                    report = rotation.RunReport(flow_run_id, spec.current_key or "", dry_run)
+                    report.skipped = f"another run holds the lock {rotation.LOCK_NAME}"
+                    log_event("job_skipped", run_id=flow_run_id, reason="single_instance_lock_held")
+                    return report.as_dict()
+                return _rotate(ctx, spec, stop)
+    finally:
+        ctx.close()
+
+
+@dataclass
+class _Shard:
+    target: str
+    shard: str
+    id_range: tuple[Any, Any] | None
+    rows: int
+    result: DrainResult | None = None
+    worker: str = ""
+
+
+class ShardDrains:
+    """The drain tasks of one run: submitted at once (the runner bounds how many run at a time),
+    collected as they finish, each one advancing the progress artifact."""
+
+    def __init__(self, spec: RunSpec, plan: list[dict[str, Any]], progress: RunProgress) -> None:
+        self.spec = spec
+        self.shards = [_Shard(p["target"], p["shard"], p["id_range"], p["rows"]) for p in plan]
+        self.progress = progress
+        self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
+
+    def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
+        for s in self.shards:
+            if stop.is_set():
+                break  # cancelled while submitting: the rest stays for the next run
+            params = {"spec": self.spec, "target": s.target, "shard": s.shard, "id_range": s.id_range, "rows": s.rows}
+            self.pending[runner.submit(drain_shard, params)] = s
+
+    def collect(self, stop: threading.Event) -> None:
+        """Until every submitted shard has reported."""
+        for future in as_completed(list(self.pending)):
+            shard = self.pending.pop(future, None)
+            if shard is None:
+                continue
+            shard.result = self._outcome(future, shard, stop)
+            self.progress.advance(shard.result.reencrypted + len(shard.result.failed))
+
+    def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
+        try:
+            doc = future.result(raise_on_failure=True)
+            shard.worker = str(doc.get("worker", ""))
+            return result_from_dict(doc)
+        except Exception as e:  # noqa: BLE001 - whatever ended the task (a lost worker, an abort), the shard is not done
+            if stop.is_set():
+                # Cancelling: the API refuses to start new task runs; the shard's rows stay for the next run.
+                return stopped_result(shard.target, self.spec, e, STOP_CANCELLED, shard.rows)
+            message = f"target {shard.target} shard {shard.shard}: the task did not finish ({type(e).__name__}: {e})"
+            log_event("shard_failed", level=40, run_id=self.spec.run_id, target=shard.target, shard=shard.shard,
+                      error=type(e).__name__)
+            return stopped_result(shard.target, self.spec, DatabaseError(message), STOP_DB_ERROR, shard.rows)
+
+    def by_target(self) -> dict[str, DrainResult]:
+        """One result per target, in the configured order; a shard never started (the run was
+        cancelled first) counts as stopped, its backlog left for the next run."""
+        out: dict[str, list[DrainResult]] = {}
+        for s in self.shards:
+            if s.result is None:
+                s.result = stopped_result(s.target, self.spec, PinrotateError("cancelled before it started"),
+                                          STOP_CANCELLED, s.rows)
+            out.setdefault(s.target, []).append(s.result)
+        return {name: merge_results(parts) for name, parts in out.items()}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per-shard counts for the report table (names and counts only)."""
+        return [{"target": s.target, "shard": s.shard, "worker": s.worker,
+                 **{k: v for k, v in rotation.target_report(s.result).items() if k != "failed_rows"}}
+                for s in self.shards if s.result is not None]
+
+
+def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> Any:
+    settings = ctx.settings
+    plan = plan_shards(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
+    progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
+    drains = ShardDrains(spec, plan, progress)
+    with task_runner(settings, api_url()) as runner:
+        drains.submit(runner, stop)
+        drains.collect(stop)
+    report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
+    report.targets = drains.by_target()
+    report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
+    results = {name: result_as_dict(r) for name, r in report.targets.items()}
+    if report.cancelled:
+        # Cancelling: the API refuses new task runs, so the last steps run here, directly.
+        report.verified = verify.fn(spec, results)
+        report.gate = retire_gate_report.fn(spec, results, report.as_dict(), drains.rows())
+    else:
+        report.verified = verify(spec, results)
+        report.gate = retire_gate_report(spec, results, report.as_dict(), drains.rows())
+    report.duration_ms = (time.monotonic() - ctx.started) * 1000
+    rotation.conclude(ctx, report)
+    doc = report.as_dict()
+    if report.cancelled:
+        return Cancelled(message="stopped between batches; committed batches stay", data=doc)
+    if report.exit_code != rotation.EXIT_OK:
+        summary = reports.fail_closed_summary(doc)
+        # The state's data is an exception (as Prefect expects of a Failed state) whose message is
+        # counts and reasons only; the report rides along for an in-process caller.
+        return Failed(message=f"stopped fail-closed: {summary}", data=RunFailedClosed(summary, doc))
+    return doc
+
+
+# -- running the flow from the command line and the demo -------------------------------------------------
+
+@dataclass
+class RunOutcome:
+    """How a run through the flow ended: its report document, or the one-line error without one."""
+
+    exit_code: int
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    state: State[Any] | None = None
+
+
+def run_flow(**params: Any) -> RunOutcome:
+    """Run the flow in this process (the CLI's ``run``, the demo) and read its report from its state."""
+    state: State[Any] = pinrotate_rotate(return_state=True, **params)  # type: ignore[assignment]
+    data = state.result(raise_on_failure=False)
+    if isinstance(data, RunFailedClosed):
+        return RunOutcome(data.report["exit_code"], data.report, state=state)
+    if isinstance(data, dict) and "exit_code" in data:
+        return RunOutcome(int(data["exit_code"]), data, state=state)
+    if isinstance(data, ConfigError):
+        return RunOutcome(rotation.EXIT_CONFIG, error=str(data), state=state)
+    if isinstance(data, (KeyUnavailable, DatabaseError)):
+        return RunOutcome(rotation.EXIT_FAIL_CLOSED, error=str(data), state=state)
+    if isinstance(data, PinrotateError):
+        return RunOutcome(rotation.EXIT_UNEXPECTED, error=str(data), state=state)
+    name = getattr(state, "name", "unknown")
+    return RunOutcome(rotation.EXIT_UNEXPECTED, error=f"the flow run ended {name} without a report", state=state)

@@ -1,0 +1,167 @@
+"""``[job] task_runner = "dask"``: the drain tasks run in Dask worker processes (a real local cluster).
+
+Driven as an operator would: ``python -m flows.rotate run`` in a subprocess, against the session's
+Prefect server, with a local cluster of ``max_degree_of_parallelism`` worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.pinprofile import REPO, PinProfile, cli, seed_profile
+from tests.test_flow import rows_consistent
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process trees")
+
+DASK = {"task_runner": "dask", "max_degree_of_parallelism": 2}
+SLOW_JOB = {"batch_size": 10, "inter_batch_delay": 0.3}
+
+
+def _start(profile: PinProfile, prefect_api: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    return subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = proc.communicate(timeout=300)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, (out, err[-4000:])
+    return proc.returncode, json.loads(lines[0]), err
+
+
+def _wait_for_progress(profile: PinProfile, proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    """Until at least one batch of persons is committed on key 2 (polled; not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if profile.key_versions("persons").get(2, 0) > 0:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the first batch: {proc.communicate()}")
+        time.sleep(0.1)
+    raise AssertionError("no batch was committed in time")
+
+
+def _dask_workers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The worker processes of the CLI's local cluster: its children started by multiprocessing."""
+    workers = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "multiprocessing.spawn" in " ".join(child.cmdline()) or "spawn_main" in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
+
+
+def _draining_worker(proc: subprocess.Popen[str], timeout: float = 60) -> psutil.Process:
+    """A worker process that holds database connections right now, i.e. is in the middle of a drain."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in _dask_workers(proc):
+            try:
+                if any(c.raddr and c.status == psutil.CONN_ESTABLISHED for c in worker.net_connections("inet")
+                       if c.raddr and c.raddr.port not in _cluster_ports(proc)):
+                    return worker
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.1)
+    raise AssertionError("no Dask worker process was draining")
+
+
+def _cluster_ports(proc: subprocess.Popen[str]) -> set[int]:
+    """Ports the CLI process listens on (scheduler, nannies): a worker's connections to them are not drains."""
+    try:
+        return {c.laddr.port for c in psutil.Process(proc.pid).net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _shard_rows(prefect_api: str, run_id: str) -> list[dict[str, Any]]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    (table,) = [a for a in artifacts if a.type == "table"]
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    return [r for r in rows if r["shard"] != "total"]
+
+
+def test_a_dask_run_drains_every_pin_profile_target_in_worker_processes(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=400, batch_size=50, inter_batch_delay=0, **DASK)
+    proc = _start(profile, prefect_api)
+    code, doc, err = _finish(proc)
+    assert code == 0, err[-4000:]
+    assert set(doc["targets"]) == {"Person", "PersonDocument", "RequisiteTemplate", "VerificationRequest"}
+    assert all(t["backlog_remaining"] == 0 and t["failed"] == 0 for t in doc["targets"].values())
+    assert doc["targets"]["Person"]["reencrypted"] == 400
+    assert all(v["ok"] and v["sampled"] > 0 for v in doc["verified"].values())
+    assert doc["gate"]["1"]["open"] is True
+    assert rows_consistent(profile) == {2: 400}  # every person row decrypts, whole, under key 2
+    for table in ("person_documents", "requisite_templates"):
+        assert set(profile.key_versions(table)) == {2}
+    # The shards ran in worker processes, not in the CLI's process.
+    shards = _shard_rows(prefect_api, doc["run_id"])
+    workers = {row["worker"].rsplit(":", 1)[1] for row in shards}
+    assert shards and str(proc.pid) not in workers
+    assert sum(r["reencrypted"] for r in shards if r["target"] == "Person") == 400
+
+
+def test_a_worker_killed_mid_run_loses_nothing_and_a_rerun_completes(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=300, **SLOW_JOB, **DASK)
+    proc = _start(profile, prefect_api)
+    try:
+        _wait_for_progress(profile, proc)
+        victim = _draining_worker(proc)
+        victim.send_signal(signal.SIGKILL)
+        code, doc, err = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Either Dask ran the lost shard again on a worker (the run completes) or the run stopped
+    # fail-closed (exit 4); never a half-written row, never a row lost.
+    assert code in (0, 4), err[-4000:]
+    per_key = rows_consistent(profile)
+    assert sum(per_key.values()) == 300 and set(per_key) <= {1, 2}
+    code, again, err = cli("run", "--config", str(profile.config_path), "--json",
+                           env={"PREFECT_API_URL": prefect_api}, timeout=300)
+    assert code == 0, err[-4000:]
+    assert all(t["backlog_remaining"] == 0 for t in again["targets"].values())
+    assert rows_consistent(profile) == {2: 300}
+
+
+def test_sigterm_stops_the_drains_in_worker_processes_between_batches_with_exit_143(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB, **DASK)
+    proc = _start(profile, prefect_api)
+    try:
+        _wait_for_progress(profile, proc)
+        proc.send_signal(signal.SIGTERM)
+        code, doc, err = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143, err[-4000:]
+    assert doc["stopped"] == "cancelled"
+    moved = doc["targets"]["Person"]["reencrypted"]
+    assert 0 < moved < 200
+    # The worker's drain returned its count after a whole batch: what it reports is what committed.
+    assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(doc["run_id"]).state
+    assert state is not None and state.is_cancelled()
