@@ -30,11 +30,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pinrotate_core import presets
+from flows import presets
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, DrainResult, drain_target
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes import build_scheme
 from pinrotate_core.targets import resolve_target
 from pinrotate_core.throttle import DEFAULT_BATCH_TIME_TARGET, Throttle
 
@@ -109,9 +110,10 @@ def run_drain(url: str, provider: FileKeyProvider, options: Callable[[Any], Drai
     try:
         with raw_connection(engine) as conn:
             target = resolve_target(conn, settings.targets[0])
+        scheme = build_scheme(target, ring, settings.keys)
         opts = options((engine, settings))
         t0 = time.perf_counter()
-        result = drain_target(engine, target, ring, opts)
+        result = drain_target(engine, scheme, opts)
         seconds = time.perf_counter() - t0
         if opts.throttle is not None:
             print(f"    throttle: last batch size {opts.throttle.batch_size}, waited "
