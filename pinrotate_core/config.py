@@ -170,6 +170,9 @@ class JobSettings(_Strict):
     # Per batch transaction (SET LOCAL lock_timeout / statement_timeout).
     lock_timeout: float = _seconds(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout")
     statement_timeout: float = _seconds(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout")
+    # SET LOCAL idle_in_transaction_session_timeout: the server ends a batch transaction that sits
+    # this long between two statements (a stuck key provider, a frozen process) and frees its rows.
+    batch_idle_timeout: float = _seconds(60.0, "PINROTATE_BATCH_IDLE_TIMEOUT", "batch_idle_timeout")
     # The Prefect Variable an operator sets to slow down or pause running drains.
     throttle_variable: str = Field(default="pinrotate_throttle", pattern=r"^[a-z0-9_-]{1,255}$",
                                    validation_alias=env("throttle_variable", "PINROTATE_THROTTLE_VARIABLE"))

@@ -67,6 +67,7 @@ class DrainOptions:
     id_range: tuple[Any, Any] = (None, None)  # a shard: ids in (lo, hi]; None = open end
     lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
     statement_timeout: float = 30.0  # seconds one statement of a batch may run
+    idle_timeout: float = 60.0  # seconds a batch transaction may sit between statements (then the server ends it)
     before_write: BeforeWrite | None = None
     # Sharing the database (throttle.py): when set, it gives the batch size and waits between
     # batches instead of inter_batch_delay (in the reader thread, before the next batch is locked).
@@ -378,12 +379,12 @@ class Drain:
                 begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
                 # Per batch: never wait long for a lock an application holds, never run away, and
                 # never hold rows for ever: the server ends a batch transaction left idle longer
-                # than statement_timeout (a stuck key provider, a frozen process), which rolls it back.
-                timeout = sql.Literal(f"{int(self.options.statement_timeout * 1000)}ms")
-                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
-                    sql.Literal(f"{int(self.options.lock_timeout * 1000)}ms")))
-                conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(timeout))
-                conn.execute(sql.SQL("SET LOCAL idle_in_transaction_session_timeout = {}").format(timeout))
+                # than idle_timeout (a stuck key provider, a frozen process), which rolls it back.
+                for name, seconds in (("lock_timeout", self.options.lock_timeout),
+                                      ("statement_timeout", self.options.statement_timeout),
+                                      ("idle_in_transaction_session_timeout", self.options.idle_timeout)):
+                    conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name),
+                                                                     sql.Literal(f"{int(seconds * 1000)}ms")))
             return conn.cursor(binary=True).execute(query, params).fetchall()
         except BaseException:
             with contextlib.suppress(psycopg.Error):

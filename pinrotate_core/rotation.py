@@ -250,6 +250,7 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
                            inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
                            stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
                            lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
+                           idle_timeout=job.batch_idle_timeout,
                            throttle=ctx.run_throttle() if ctx.throttled else None)
     return drain_target(ctx.engine, ctx.schemes[name], options)
 
