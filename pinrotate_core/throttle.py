@@ -38,8 +38,10 @@ REASON_LOCKS = "locks"
 REASONS = (REASON_LAG, REASON_LOAD, REASON_LOCKS, REASON_PAUSED)
 
 APPLICATION_NAME = "pinrotate"  # how our own backends are told apart (db.make_engine sets it)
-DEFAULT_BATCH_TIME_TARGET = 0.5  # seconds, as pt-online-schema-change's --chunk-time
 POLL_INTERVAL = 0.5  # seconds between two looks at the database while waiting
+# While nothing is wrong, a look younger than this is still good: small, fast batches (tens per
+# second) must not each cost a query over pg_stat_activity.
+CHECK_INTERVAL = 0.1
 # A session blocked by us mostly waits for a batch that is committing right now: look again soon,
 # or the back-off costs more throughput than the lock did.
 LOCKS_POLL_INTERVAL = 0.02
@@ -385,7 +387,7 @@ class Throttle:
 
     def __init__(self, engine: sa.Engine, sizer: BatchSizer, limits: ThrottleLimits = ThrottleLimits(), *,
                  replicas: Sequence[str] | None = None, control: ThrottleControlSource | None = None,
-                 delay: float = 0.0, poll_interval: float = POLL_INTERVAL,
+                 delay: float = 0.0, poll_interval: float = POLL_INTERVAL, check_interval: float = CHECK_INTERVAL,
                  application_name: str = APPLICATION_NAME, run_id: str = "") -> None:
         self.engine = engine
         self.sizer = sizer
@@ -393,6 +395,7 @@ class Throttle:
         self.control_source = control
         self.delay = delay
         self.poll_interval = poll_interval
+        self.check_interval = check_interval
         self.application_name = application_name
         self.run_id = run_id
         self.lag_meter = ReplicaLagMeter(replicas) if limits.watches_lag else None
@@ -401,6 +404,7 @@ class Throttle:
         self._check = threading.Lock()  # one look at the database at a time
         self._counts = threading.Lock()
         self._waiting_since: float | None = None
+        self._checked_at: float | None = None
         self._reported_problems: dict[str, str] = {}
 
     @classmethod
@@ -453,7 +457,7 @@ class Throttle:
         when the primary cannot be asked."""
         halved = False
         while not stop.is_set():
-            state = self.check()
+            state = self._recent() or self.check()
             if state.reason is None:
                 break
             if state.reason == REASON_LOCKS and not halved:
@@ -473,6 +477,14 @@ class Throttle:
         if delay and not first and not stop.is_set():
             stop.wait(delay)
 
+    def _recent(self) -> ThrottleState | None:
+        """The last look, when it found nothing wrong and is younger than ``check_interval``."""
+        with self._check:
+            if self.last_state.reason is None and self._checked_at is not None \
+                    and time.monotonic() - self._checked_at < self.check_interval:
+                return self.last_state
+        return None
+
     def check(self) -> ThrottleState:
         """One look: the operator's switch, replica lag, busy sessions, sessions blocked by us."""
         with self._check:
@@ -488,6 +500,7 @@ class Throttle:
                 raise DatabaseError(f"cannot read the database's health ({describe_db_error(e)})") from None
             self._transition(state)
             self.last_state = state
+            self._checked_at = time.monotonic()
             return state
 
     def _look(self, conn: psycopg.Connection[Any], state: ThrottleState) -> None:

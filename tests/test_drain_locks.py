@@ -189,7 +189,8 @@ def test_a_batch_left_idle_past_batch_idle_timeout_is_ended_by_the_server_and_wr
     finally:
         probe.close()
     assert held[0] >= 1 and held[1] == 1  # was held, then free for anyone
-    assert result.stopped == STOP_DB_ERROR and result.fail_closed
+    assert result.stopped == STOP_DB_ERROR and result.fail_closed and result.retryable
+    assert result.error is not None and "SQLSTATE 25P03" in result.error, result.error
     assert result.reencrypted == 0
     assert on_key_2(pin) == 0
 
