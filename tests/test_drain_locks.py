@@ -223,7 +223,9 @@ def test_a_paused_drain_holds_no_transaction_and_no_row_while_it_waits(pin: PinD
             control["paused"] = True
 
     def make_throttle(ctx: rotation.RunContext) -> Throttle:
-        throttles.append(Throttle(ctx.engine, BatchSizer(BATCH), control=lambda: dict(control), poll_interval=0.05))
+        # A fresh look before every batch (check_interval=0): the pause applies from batch 3 on.
+        throttles.append(Throttle(ctx.engine, BatchSizer(BATCH), control=lambda: dict(control), poll_interval=0.05,
+                                  check_interval=0.0))
         return throttles[0]
 
     thread = threading.Thread(target=lambda: result.append(drain_person(pin.settings(), pause_after_batch_1,
