@@ -6,8 +6,10 @@
 Prints, in one run, an application writer's latency (one single-row UPDATE of a random person every
 10 ms, in its own session; p50 / p99 / max) (a) alone, (b) beside the drain at full speed (fixed
 batch, no pause, no throttle) and (c) beside the drain with the adaptive defaults (batch_time_target,
-throttle on: lock-waiter back-off, operator switch), with the drain's rows/s in (b) and (c). Each
-drain moves every row to a new key (key 2, then key 3). Prints figures, asserts nothing.
+throttle on: lock-waiter back-off, operator switch; inter_batch_delay 0), with the drain's rows/s in
+(b) and (c). Each drain moves every row to a new key (key 2, then key 3). Each drain is compared
+with a writer-alone window measured just before it, so that a shared machine's changing load
+counts less. Prints figures, asserts nothing.
 Target (issue 12): (c) adds < 10 ms to the writer's p99 and keeps >= 70% of (b)'s rows/s.
 """
 
@@ -30,13 +32,14 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pinrotate_core import presets
-from pinrotate_core.config import settings_from_mapping
+from flows import presets
+from pinrotate_core.config import DEFAULT_BATCH_TIME_TARGET, settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, DrainResult, drain_target
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes import build_scheme
 from pinrotate_core.targets import resolve_target
-from pinrotate_core.throttle import DEFAULT_BATCH_TIME_TARGET, Throttle
+from pinrotate_core.throttle import Throttle
 
 PERSON = {"name": "Person", "table": "profile.persons", "key_version": "key_version",
           "columns": ["first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher"]}
@@ -109,9 +112,10 @@ def run_drain(url: str, provider: FileKeyProvider, options: Callable[[Any], Drai
     try:
         with raw_connection(engine) as conn:
             target = resolve_target(conn, settings.targets[0])
+        scheme = build_scheme(target, ring, settings.keys)
         opts = options((engine, settings))
         t0 = time.perf_counter()
-        result = drain_target(engine, target, ring, opts)
+        result = drain_target(engine, scheme, opts)
         seconds = time.perf_counter() - t0
         if opts.throttle is not None:
             print(f"    throttle: last batch size {opts.throttle.batch_size}, waited "
@@ -148,10 +152,13 @@ def main() -> int:
         print(f"{args.rows:,} persons; PostgreSQL {psycopg.connect(url).info.server_version}; "
               f"python {sys.version.split()[0]}; {os.cpu_count()} cores (shared: figures are noisy)")
 
-        with Writer(url, ids) as alone:
-            time.sleep(args.alone)
-        print(f"writer alone:                  {alone.figures()}")
+        def writer_alone(seed: int) -> Writer:
+            with Writer(url, ids, seed=seed) as alone:
+                time.sleep(args.alone)
+            print(f"writer alone:                  {alone.figures()}")
+            return alone
 
+        alone = writer_alone(6)
         with Writer(url, ids, seed=8) as full:
             result, secs = run_drain(url, provider, lambda _: DrainOptions(batch_size=args.batch_size))
         full_rate = result.reencrypted / secs
@@ -164,6 +171,7 @@ def main() -> int:
 
         print(f"full speed vs alone: p99 +{full.p99() - alone.p99():.2f} ms")
         for i, target in enumerate(float(t) for t in args.targets.split(",")):
+            alone = writer_alone(20 + i)
             with Writer(url, ids, seed=9 + i) as tuned:
                 result, secs = run_drain(url, provider, adaptive, target)
             tuned_rate = result.reencrypted / secs

@@ -47,6 +47,7 @@ STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was ex
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
 SCAN_ROWS = 5000
+HALT_POLL = 0.05  # seconds: how soon a reader waiting between batches sees its pass end
 
 # Test and instrumentation hook: (batch number, ids read) after a batch is planned, before its write.
 BeforeWrite = Callable[[int, Sequence[Any]], None]
@@ -66,9 +67,10 @@ class DrainOptions:
     id_range: tuple[Any, Any] = (None, None)  # a shard: ids in (lo, hi]; None = open end
     lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
     statement_timeout: float = 30.0  # seconds one statement of a batch may run
+    idle_timeout: float = 60.0  # seconds a batch transaction may sit between statements (then the server ends it)
     before_write: BeforeWrite | None = None
-    # Sharing the database (throttle.py): when set, it gives the batch size, waits between batches
-    # instead of inter_batch_delay, and turns the lock-ahead off (no rows locked while it waits).
+    # Sharing the database (throttle.py): when set, it gives the batch size and waits between
+    # batches instead of inter_batch_delay (in the reader thread, before the next batch is locked).
     throttle: Throttle | None = None
 
 
@@ -138,6 +140,36 @@ class _Outcome:
     settled: int = 0  # CAS misses whose value another run had already moved
     lost: list[tuple[Any, str, str, int]] = field(default_factory=list)  # (id, column, tenant, values)
     committed: float = 0.0  # perf_counter() at COMMIT
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A batch the reader thread read (and, with the lock guard, locked)."""
+
+    rows: list[tuple[Any, ...]]
+    size: int  # rows asked for: fewer came back only at the end of the range
+    locked: float  # perf_counter() at its BEGIN: the start of its lock hold
+
+
+class _AnyEvent:
+    """Set when any of its events is set: the reader's wait ends on a stop, the end of its pass,
+    or a sibling worker's fail-closed stop. The first event wakes a wait at once, the others
+    within ``HALT_POLL`` seconds."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._events[0].wait(HALT_POLL if remaining is None else min(HALT_POLL, remaining))
+        return True
 
 
 @dataclass(frozen=True)
@@ -322,6 +354,22 @@ class Drain:
     def _should_stop(self) -> str | None:
         return stop_reason(self.options, self._stop_target)
 
+    def _next_batch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, first: bool,
+                    halt: _AnyEvent) -> _Fetched | None:
+        """Reader thread: wait until the next batch may start (throttle, or ``inter_batch_delay``)
+        while holding nothing, then BEGIN and read it. None: the pass stopped before it began."""
+        opts = self.options
+        size = opts.batch_size
+        if opts.throttle is not None:
+            opts.throttle.before_batch(halt, opts.deadline, first=first)
+            size = opts.throttle.batch_size
+        elif opts.inter_batch_delay and not first:
+            halt.wait(opts.inter_batch_delay)
+        if halt.is_set() or self._should_stop():
+            return None
+        locked = time.perf_counter()
+        return _Fetched(self._fetch(conn, lo, hi, size), size, locked)
+
     def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
         """BEGIN and read (with the lock guard: lock) the next batch after ``lo`` (reader thread)."""
         query, params = self._select(lo, hi, size)
@@ -329,11 +377,14 @@ class Drain:
         try:
             if not self.options.dry_run:
                 begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
-                # Per batch: never wait long for a lock an application holds, never run away.
-                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
-                    sql.Literal(f"{int(self.options.lock_timeout * 1000)}ms")))
-                conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(
-                    sql.Literal(f"{int(self.options.statement_timeout * 1000)}ms")))
+                # Per batch: never wait long for a lock an application holds, never run away, and
+                # never hold rows for ever: the server ends a batch transaction left idle longer
+                # than idle_timeout (a stuck key provider, a frozen process), which rolls it back.
+                for name, seconds in (("lock_timeout", self.options.lock_timeout),
+                                      ("statement_timeout", self.options.statement_timeout),
+                                      ("idle_in_transaction_session_timeout", self.options.idle_timeout)):
+                    conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name),
+                                                                     sql.Literal(f"{int(seconds * 1000)}ms")))
             return conn.cursor(binary=True).execute(query, params).fetchall()
         except BaseException:
             with contextlib.suppress(psycopg.Error):
@@ -427,16 +478,19 @@ class Drain:
         Pipelined over three connections: while this thread re-encrypts batch N, a reader thread
         reads (and locks) batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the
         database and the crypto work overlap. Each batch is still exactly one transaction on one
-        connection, and is counted only once its COMMIT is confirmed.
+        connection, and is counted only once its COMMIT is confirmed. Every wait between batches
+        (the throttle, ``inter_batch_delay``) happens in the reader before it BEGINs the next
+        batch, so no wait ever holds a row lock: a row is locked from its batch's SELECT to its
+        COMMIT, which spans the re-encryption of the batch before it and of its own (see
+        ``reference.md``, "How long a row stays locked").
         """
         opts = self.options
         t = self.target
         dry = opts.dry_run
         throttle = opts.throttle
-        # A pause between batches (or a throttle that may wait) means: don't lock ahead.
-        early_prefetch = not opts.inter_batch_delay and throttle is None
-        size = opts.batch_size if throttle is None else throttle.batch_size  # of the batch being fetched
         reason: str | None = None
+        halt_pass = threading.Event()  # set when this pass ends: a reader waiting for the throttle gives up
+        halt = _AnyEvent(opts.stop, halt_pass, self._stop_target)
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
             for c in conns:
@@ -445,32 +499,30 @@ class Drain:
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
             k = 0
-            next_fetch: Future[list[tuple[Any, ...]]] | None = None
             pending: _Pending | None = None
             open_tx: psycopg.Connection[Any] | None = None
-            last = lo
+            # In a copy of this thread's context, as the workers are: the throttle's log lines
+            # reach an orchestrator's run log.
+            next_fetch: Future[_Fetched | None] | None = reader.submit(
+                contextvars.copy_context().run, self._next_batch, conns[0], lo, hi, True, halt)
             try:
-                if throttle is not None:  # wait (or stop) before locking anything
-                    throttle.before_batch(opts.stop, opts.deadline, first=True)
-                    size = throttle.batch_size
-                reason = self._should_stop()
-                if reason is None:
-                    next_fetch = reader.submit(self._fetch, conns[0], last, hi, size)
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
-                    started = time.perf_counter()
                     fetching, next_fetch = next_fetch, None
-                    rows = fetching.result()  # a failed fetch has rolled its own transaction back
+                    fetched = fetching.result()  # a failed fetch has rolled its own transaction back
+                    if fetched is None:  # stopped before it began: nothing was read
+                        reason = self._should_stop() or STOP_CANCELLED
+                        break
+                    rows, started = fetched.rows, fetched.locked
                     open_tx = conn
                     if not rows:
                         break
                     reason = self._should_stop()
                     if reason:
                         break  # this batch was only read: it rolls back below
-                    last = rows[-1][0]
-                    more = len(rows) == size
-                    if more and early_prefetch:
-                        next_fetch = reader.submit(self._fetch, conns[(k + 1) % len(conns)], last, hi, size)
+                    if len(rows) == fetched.size:  # more to come: lock the next batch while this one is worked
+                        next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
+                                                   conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
                     plan = self.scheme.plan(rows, self.tally.failed_ids())
                     if opts.before_write is not None:
                         opts.before_write(k + 1, [r[0] for r in rows])
@@ -488,17 +540,6 @@ class Drain:
                         if throttle is not None:  # lock-to-commit time feeds the batch sizer
                             pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
                     k += 1
-                    if more and next_fetch is None:
-                        if throttle is not None:  # the throttle paces instead of the fixed delay
-                            throttle.before_batch(opts.stop, opts.deadline)
-                            size = throttle.batch_size
-                            reason = self._should_stop()
-                            if reason:
-                                break
-                        elif opts.inter_batch_delay and opts.stop.wait(opts.inter_batch_delay):
-                            reason = STOP_CANCELLED
-                            break
-                        next_fetch = reader.submit(self._fetch, conns[k % len(conns)], last, hi, size)
                 if open_tx is not None:
                     open_tx.execute("ROLLBACK")
                     open_tx = None
@@ -508,17 +549,20 @@ class Drain:
             except BaseException:
                 # Fail closed: a batch being planned rolls back; a write in flight either commits
                 # whole or rolls itself back. Nothing is half-written.
+                halt_pass.set()
                 if open_tx is not None:
                     with contextlib.suppress(psycopg.Error):
                         open_tx.execute("ROLLBACK")
                 if next_fetch is not None:  # a read-ahead of the next batch was in flight: release it
                     with contextlib.suppress(BaseException):
-                        next_fetch.result()
-                        conns[(k + 1) % len(conns)].execute("ROLLBACK")
+                        if next_fetch.result() is not None:  # submitted in batch k's turn, before k += 1
+                            conns[(k + 1) % len(conns)].execute("ROLLBACK")
                 if pending is not None:
                     with contextlib.suppress(BaseException):
                         self._settle(pending)
                 raise
+            finally:
+                halt_pass.set()
         return reason
 
     def _guarded_pass(self, worker: int, lo: Any, hi: Any) -> str | None:

@@ -264,6 +264,7 @@ def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callab
                         inter_batch_delay=job.inter_batch_delay, deadline=ctx.deadline, dry_run=ctx.dry_run,
                         stop=ctx.stop, on_batch=on_batch, run_id=ctx.run_id, tenant=ctx.tenant,
                         lock_timeout=job.lock_timeout, statement_timeout=job.statement_timeout,
+                        idle_timeout=job.batch_idle_timeout,
                         throttle=ctx.run_throttle() if ctx.throttled else None, id_range=id_range)
 
 

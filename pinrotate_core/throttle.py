@@ -1,9 +1,11 @@
 """Sharing the database politely: adaptive batch size, replica-lag and load waits, pause from outside.
 
-Called by a drain between batches (``Throttle.before_batch``), never inside one: it only waits
-(counting and logging the wait) or, past a ``critical_*`` limit, raises ``ThrottleCritical``. It
-never writes to the database and knows nothing of the orchestrator: a pause / tune source is a
-plain callable handed in (flows/throttle.py reads a Prefect Variable).
+Called by a drain's reader thread before it begins (and locks) the next batch
+(``Throttle.before_batch``), never while it holds that batch's rows: it only waits (counting and
+logging the wait) or, past a ``critical_*`` limit, raises ``ThrottleCritical``. It never writes to
+the database and knows nothing of the orchestrator: a pause / tune source is a plain callable
+handed in (flows/throttle.py reads a Prefect Variable); ``Throttle.state()`` is what a progress
+display shows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -36,8 +38,10 @@ REASON_LOCKS = "locks"
 REASONS = (REASON_LAG, REASON_LOAD, REASON_LOCKS, REASON_PAUSED)
 
 APPLICATION_NAME = "pinrotate"  # how our own backends are told apart (db.make_engine sets it)
-DEFAULT_BATCH_TIME_TARGET = 0.5  # seconds, as pt-online-schema-change's --chunk-time
 POLL_INTERVAL = 0.5  # seconds between two looks at the database while waiting
+# While nothing is wrong, a look younger than this is still good: small, fast batches (tens per
+# second) must not each cost a query over pg_stat_activity.
+CHECK_INTERVAL = 0.1
 # A session blocked by us mostly waits for a batch that is committing right now: look again soon,
 # or the back-off costs more throughput than the lock did.
 LOCKS_POLL_INTERVAL = 0.02
@@ -45,6 +49,14 @@ MAX_LAG_SAMPLES = 100_000  # (time, LSN) pairs kept while a replica is behind (~
 REPLICA_CONNECT_TIMEOUT = 5  # seconds
 
 ThrottleControlSource = Callable[[], Any]  # returns a mapping like {"paused": true}, its JSON, or None
+
+
+class StopSignal(Protocol):
+    """What ends a wait early: a ``threading.Event``, or anything that behaves like one."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 # -- batch size ------------------------------------------------------------------------------
@@ -57,8 +69,10 @@ class BatchSizer:
     to the time a batch of this size takes by the moving average of the last ``window`` batches
     (per row, so that batches of other sizes count alike), at most +10% / -20% per batch, inside
     ``[minimum, maximum]``. ``halve`` backs off at once (application sessions wait on our locks);
-    a fixed size then grows back by 10% per batch to where it was. An operator's ``override`` wins
-    while it is set. Thread-safe: the workers of a drain share one sizer.
+    a fixed size then grows back by 10% per batch to where it was, an adaptive size grows back no
+    further than the size at which sessions were blocked (``blocked_at``, the lowest seen this run:
+    batch times alone do not show what our locks cost the application). An operator's ``override``
+    wins while it is set. Thread-safe: the workers of a drain share one sizer.
     """
 
     GROW = 1.10
@@ -79,6 +93,7 @@ class BatchSizer:
         self._size = max(self.minimum, min(batch_size, self.maximum))
         self._times: deque[float] = deque(maxlen=window)
         self._override: int | None = None
+        self.blocked_at: int | None = None  # adaptive: the smallest size at which our locks blocked a session
         self._lock = threading.Lock()
 
     @property
@@ -107,10 +122,16 @@ class BatchSizer:
             if abs(average - self.target) <= self.DEADBAND * self.target:
                 return
             ratio = self.target / average if average > 0 else self.GROW
-            self._size = self._bounded(self._scaled(min(self.GROW, max(self.SHRINK, ratio))))
+            size = self._bounded(self._scaled(min(self.GROW, max(self.SHRINK, ratio))))
+            if self.blocked_at is not None and size > self._size:
+                size = max(self._size, min(size, self.blocked_at))  # grow no further than where we blocked
+            self._size = size
 
     def halve(self) -> None:
+        """Application sessions wait on our locks: back off at once (and, adaptive, remember where)."""
         with self._lock:
+            if self.target is not None:
+                self.blocked_at = self._size if self.blocked_at is None else min(self.blocked_at, self._size)
             self._size = self._bounded(self._size // 2)
             # Recent times were measured at the old size: start the average afresh.
             self._times.clear()
@@ -366,7 +387,7 @@ class Throttle:
 
     def __init__(self, engine: sa.Engine, sizer: BatchSizer, limits: ThrottleLimits = ThrottleLimits(), *,
                  replicas: Sequence[str] | None = None, control: ThrottleControlSource | None = None,
-                 delay: float = 0.0, poll_interval: float = POLL_INTERVAL,
+                 delay: float = 0.0, poll_interval: float = POLL_INTERVAL, check_interval: float = CHECK_INTERVAL,
                  application_name: str = APPLICATION_NAME, run_id: str = "") -> None:
         self.engine = engine
         self.sizer = sizer
@@ -374,6 +395,7 @@ class Throttle:
         self.control_source = control
         self.delay = delay
         self.poll_interval = poll_interval
+        self.check_interval = check_interval
         self.application_name = application_name
         self.run_id = run_id
         self.lag_meter = ReplicaLagMeter(replicas) if limits.watches_lag else None
@@ -382,6 +404,7 @@ class Throttle:
         self._check = threading.Lock()  # one look at the database at a time
         self._counts = threading.Lock()
         self._waiting_since: float | None = None
+        self._checked_at: float | None = None
         self._reported_problems: dict[str, str] = {}
 
     @classmethod
@@ -400,25 +423,49 @@ class Throttle:
     def batch_size(self) -> int:
         return self.sizer.size
 
+    def state(self) -> dict[str, Any]:
+        """The throttle as a progress display shows it (plain JSON values, names and numbers only).
+
+        ``status``: ``running``, ``paused``, ``waiting_for_lag``, ``waiting_for_load`` or
+        ``waiting_for_locks``, as of the last look; ``batch_size``: of the next batch;
+        ``batch_size_cap``: the size at which application sessions were blocked (adaptive growth
+        stops there; None: never); ``waited_s``: seconds waited so far this run, by reason.
+        """
+        last = self.last_state
+        if last.reason is None:
+            status = "running"
+        elif last.reason == REASON_PAUSED:
+            status = "paused"
+        else:
+            status = f"waiting_for_{last.reason}"
+        with self._counts:
+            waited = {reason: round(seconds, 3) for reason, seconds in self.waited.items()}
+        return {"status": status, "batch_size": self.sizer.size, "batch_size_cap": self.sizer.blocked_at,
+                "operator_batch_size": last.control.batch_size, "operator_delay_s": last.control.delay,
+                "control_invalid": last.control.invalid, "replica": last.lagging,
+                "replica_lag_s": None if last.replica_lag is None else round(last.replica_lag, 3),
+                "active_sessions": last.sessions, "blocked_sessions": last.blocked, "waited_s": waited}
+
     def batch_done(self, seconds: float, rows: int) -> None:
         """A batch of ``rows`` committed ``seconds`` after its rows were locked."""
         self.sizer.observe(seconds, rows)
 
-    def before_batch(self, stop: threading.Event, deadline: float | None = None, *, first: bool = False) -> None:
+    def before_batch(self, stop: StopSignal, deadline: float | None = None, *, first: bool = False) -> None:
         """Return when the next batch may start, or at once when ``stop`` is set or ``deadline``
         (a ``time.monotonic()`` value) has passed. ``first``: no batch went before, so no pause
         between batches is due. Raises ``ThrottleCritical`` past a critical limit, ``DatabaseError``
         when the primary cannot be asked."""
         halved = False
         while not stop.is_set():
-            state = self.check()
+            state = self._recent() or self.check()
             if state.reason is None:
                 break
             if state.reason == REASON_LOCKS and not halved:
                 self.sizer.halve()  # smaller batches hold fewer rows for less time
                 halved = True
                 log_event("throttle_backoff", level=logging.INFO, run_id=self.run_id or None,
-                          batch_size=self.sizer.size, blocked_sessions=state.blocked)
+                          batch_size=self.sizer.size, batch_size_cap=self.sizer.blocked_at,
+                          blocked_sessions=state.blocked)
             if deadline is not None and time.monotonic() >= deadline:
                 return
             started = time.monotonic()
@@ -429,6 +476,14 @@ class Throttle:
         delay = self.delay if delay is None else delay
         if delay and not first and not stop.is_set():
             stop.wait(delay)
+
+    def _recent(self) -> ThrottleState | None:
+        """The last look, when it found nothing wrong and is younger than ``check_interval``."""
+        with self._check:
+            if self.last_state.reason is None and self._checked_at is not None \
+                    and time.monotonic() - self._checked_at < self.check_interval:
+                return self.last_state
+        return None
 
     def check(self) -> ThrottleState:
         """One look: the operator's switch, replica lag, busy sessions, sessions blocked by us."""
@@ -445,6 +500,7 @@ class Throttle:
                 raise DatabaseError(f"cannot read the database's health ({describe_db_error(e)})") from None
             self._transition(state)
             self.last_state = state
+            self._checked_at = time.monotonic()
             return state
 
     def _look(self, conn: psycopg.Connection[Any], state: ThrottleState) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.presets import PIN_PROFILE_TOML
-from pinrotate_core.config import Settings, load_settings, settings_from_mapping
+from pinrotate_core.config import DEFAULT_BATCH_TIME_TARGET, Settings, load_settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
 
 SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
@@ -369,7 +369,7 @@ def test_no_replicas_is_a_setting_of_its_own(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("job, target, first", [
-    ("", None, 200),  # neither batch_size nor batch_time_target: adaptive, 0.5 s
+    ("", None, 200),  # neither batch_size nor batch_time_target: adaptive, DEFAULT_BATCH_TIME_TARGET
     ("batch_size = 300", None, 300),  # batch_size alone: fixed batches, as before
     ("batch_time_target = 2.0", 2.0, 200),
     ("batch_size = 20\nbatch_time_target = 2.0", 2.0, 50),  # adaptive: the first batch within the bounds
@@ -378,7 +378,7 @@ def test_no_replicas_is_a_setting_of_its_own(tmp_path: Path) -> None:
 def test_batches_adapt_unless_only_a_fixed_batch_size_is_given(tmp_path: Path, job: str, target: float | None,
                                                                first: int) -> None:
     s = load_settings(write(tmp_path / "p.toml", config_text(job)), env={})
-    expected = 0.5 if not job else target
+    expected = DEFAULT_BATCH_TIME_TARGET if not job else target
     assert s.job.adaptive_batch_target == expected
     assert s.job.first_batch_size == first
 
@@ -396,6 +396,7 @@ def test_every_newer_job_setting_has_its_environment_variable(tmp_path: Path) ->
         "PINROTATE_MAX_ACTIVE_SESSIONS": "30", "PINROTATE_CRITICAL_REPLICA_LAG": "20",
         "PINROTATE_CRITICAL_ACTIVE_SESSIONS": "80", "PINROTATE_LOCK_TIMEOUT": "1",
         "PINROTATE_STATEMENT_TIMEOUT": "10", "PINROTATE_THROTTLE_VARIABLE": "eu_throttle",
+        "PINROTATE_BATCH_IDLE_TIMEOUT": "45",
     }
     job = load_settings(write(tmp_path / "p.toml", config_text()), env=env).job
     assert (job.polling_interval, job.task_runner, job.dask_address) == (60, "dask", "tcp://10.0.0.5:8786")
@@ -403,6 +404,7 @@ def test_every_newer_job_setting_has_its_environment_variable(tmp_path: Path) ->
     assert (job.max_replica_lag, job.max_active_sessions) == (2.0, 30)
     assert (job.critical_replica_lag, job.critical_active_sessions) == (20.0, 80)
     assert (job.lock_timeout, job.statement_timeout, job.throttle_variable) == (1.0, 10.0, "eu_throttle")
+    assert job.batch_idle_timeout == 45.0
 
 
 NEWER_BAD = {
@@ -423,6 +425,7 @@ NEWER_BAD = {
                                     "job: critical_active_sessions must be greater than max_active_sessions"),
     "lock_timeout_zero": (config_text("lock_timeout = 0"), "job.lock_timeout"),
     "statement_timeout_negative": (config_text("statement_timeout = -3"), "job.statement_timeout"),
+    "batch_idle_timeout_zero": (config_text("batch_idle_timeout = 0"), "job.batch_idle_timeout"),
     "throttle_variable_not_a_prefect_name": (config_text('throttle_variable = "Throttle Me"'),
                                              "job.throttle_variable"),
     "bad_legacy_plaintext": (config_text(extra=f'[keys]\nlegacy_plaintext = "{SECRET}"\n'), "keys.legacy_plaintext"),

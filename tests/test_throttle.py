@@ -7,6 +7,7 @@ a broken server from hanging the session), and the assertions are on states and 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,6 +100,33 @@ def test_halving_backs_off_at_once_and_a_fixed_size_grows_back_to_where_it_was()
     for _ in range(30):
         sizer.observe(0.01, sizer.size)
     assert sizer.size == 400
+
+
+def test_an_adaptive_size_grows_no_further_than_the_smallest_size_at_which_our_locks_blocked_a_session() -> None:
+    sizer = BatchSizer(800, target=0.5, minimum=50, maximum=5000)
+    sizer.halve()
+    assert (sizer.size, sizer.blocked_at) == (400, 800)
+    for _ in range(50):
+        sizer.observe(0.001, sizer.size)  # far below the target: it would grow to 5000
+    assert sizer.size == 800
+    for _ in range(2):
+        sizer.observe(10.0, sizer.size)  # slow: 800 -> 640 -> 512
+    sizer.halve()
+    assert (sizer.size, sizer.blocked_at) == (256, 512)
+    for _ in range(50):
+        sizer.observe(0.001, sizer.size)
+    assert sizer.size == 512
+
+
+def test_a_fixed_size_remembers_no_cap_and_the_throttle_state_is_plain_json() -> None:
+    sizer = BatchSizer(400)
+    sizer.halve()
+    assert sizer.blocked_at is None
+    throttle = Throttle(make_engine("postgresql://nobody@127.0.0.1:1/none"), sizer)
+    state = throttle.state()
+    assert state["status"] == "running" and state["batch_size"] == 200 and state["batch_size_cap"] is None
+    assert state["waited_s"] == {REASON_LAG: 0.0, REASON_LOAD: 0.0, REASON_LOCKS: 0.0, REASON_PAUSED: 0.0}
+    assert json.loads(json.dumps(state)) == state
 
 
 def test_halving_never_goes_below_the_minimum_and_an_operator_override_wins_while_set() -> None:
