@@ -117,11 +117,16 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
     the cluster started before the clock; (rows, seconds, peak RSS KiB per worker)."""
     import logging
 
+    import dask
     from distributed import Client, LocalCluster
+
+    from flows.runtime import WORKER_MALLOC_TRIM_THRESHOLD
 
     from pinrotate_core import rotation
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
+    # As the flow's local cluster does (flows/runtime.py): keep glibc from trimming after every batch.
+    dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": WORKER_MALLOC_TRIM_THRESHOLD})
     with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(processes)
@@ -234,13 +239,21 @@ def main() -> int:
             conn.execute("UPDATE profile.persons SET key_version = 2")
             conn.execute("VACUUM profile.persons")
         update_rate = args.rows / update_s
+        def compact() -> None:
+            # Every comparison starts from the same physical table the single-process drain met:
+            # the drain and the UPDATEs above left it bloated, which would slow the later figures.
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM FULL ANALYZE profile.persons")
+
         if args.processes:
+            compact()
             provider.add_key()
             provider.promote("3")  # a fresh backlog: every row moves 2 -> 3 again
             moved, secs = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
             print(f"{args.processes} runs in parallel (processes): {moved:,} rows in {secs:.2f} s = "
                   f"{moved / secs:,.0f} rows/s; vs one run = {moved / secs / drain_rate:.2f}x")
         if args.dask:
+            compact()
             provider.add_key()
             provider.promote(provider.load_keyring().ids()[-1])  # a fresh backlog: every row moves again
             raw = {"database": {"url": url}, "keys": {"provider": "file", "file": str(sandbox / "keys.toml")},

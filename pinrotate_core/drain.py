@@ -47,6 +47,7 @@ STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was ex
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
 SCAN_ROWS = 5000
+MIN_BATCHES_PER_SHARD = 25
 HALT_POLL = 0.05  # seconds: how soon a reader waiting between batches sees its pass end
 
 # Test and instrumentation hook: (batch number, ids read) after a batch is planned, before its write.
@@ -213,7 +214,7 @@ class _Tally:
                 self.conflicts_by_tenant[tenant] = self.conflicts_by_tenant.get(tenant, 0) + n
             for f in plan.failed:
                 self.failed.setdefault((f.id, f.reason), f)
-            ids = plan.ids
+            ids = plan.writes[0].ids if len(plan.writes) == 1 else plan.ids
             if ids:
                 for row_id in (ids[0], self._rng.choice(ids)):
                     self._seen += 1
@@ -732,6 +733,9 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
             if options.dry_run:
                 conn.execute("SET default_transaction_read_only = on")
             backlog = drain.count_backlog(conn)
+            # A shard has fixed costs (connections, counts, filling and emptying the pipeline): below
+            # MIN_BATCHES_PER_SHARD batches they outweigh what one more shard spreads.
+            shards = min(shards, max(1, backlog // (MIN_BATCHES_PER_SHARD * options.batch_size)))
             bounds = drain._range_bounds(conn, shards) if shards > 1 and backlog > 1 else []
             ranges = list(zip([None, *bounds], [*bounds, None]))
             if len(ranges) == 1:

@@ -98,6 +98,7 @@ def plan_aesgcm_batch(
     """
     write = Write(tuple(range(len(columns))))
     plan = BatchPlan(writes=[write])
+    ids, new_columns = write.ids, write.new  # filled directly: this loop is the drain's hot path
     current = ciphers.keyring.current
     target_cipher = ciphers.cipher(current)
     raw = [enc is ColumnEncoding.BYTEA for enc in encodings]
@@ -131,7 +132,11 @@ def plan_aesgcm_batch(
         if bad:
             plan.failed.append(FailedRow(target, str(row_id), tuple(bad)))
             continue
-        write.add(row_id, new_row)
+        ids.append(row_id)
+        for values, value in zip(new_columns, new_row):
+            values.append(value)
+    write.weights = [1] * len(ids)
+    write.tenants = [""] * len(ids)
     return plan
 
 
