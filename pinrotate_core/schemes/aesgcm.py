@@ -20,7 +20,7 @@ from .._primitives import AesGcm, random_nonces
 from ..errors import CiphertextInvalid, KeyUnavailable, VerificationFailed
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, ValueClass, Write, WriteGuard
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, RowLocked, ValueClass, Write
 
 __all__ = ["AesGcmCipherSet", "AesGcmScheme", "ColumnEncoding", "classify_version", "plan_aesgcm_batch",
            "random_nonces"]
@@ -151,12 +151,10 @@ def classify_version(key_id: str | None, keyring: Keyring) -> ValueClass:
     return ValueClass("ACTIVE" if v == current else ("HISTORICAL" if v < current else "NEWER"), key_id)
 
 
-class AesGcmScheme:
+class AesGcmScheme(RowLocked):
     """``aesgcm`` bound to one target and the run's keyring (see the module docstring)."""
 
     name = "aesgcm"
-    guard: WriteGuard = "lock"
-    counts_values = False
 
     def __init__(self, target: ResolvedTarget, keyring: Keyring) -> None:
         assert target.key_version is not None, "aesgcm targets are validated to have key_version"
@@ -185,12 +183,6 @@ class AesGcmScheme:
         return plan_aesgcm_batch(self.target.name, self.target.settings.columns, self.encodings, rows, self.ciphers,
                                  known_failed=known_failed)
 
-    def stale_values(self, row: Sequence[Any]) -> int:
-        return 1
-
-    def settled(self, column: Column, read: Any, now: Any) -> bool:
-        return False  # lock guard: never asked
-
     def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
         return [(sql.SQL("{}::text").format(self._ident(self._kv.name, alias)), sql.SQL("true"))]
 
@@ -217,9 +209,3 @@ class AesGcmScheme:
 
     def length_after(self, column: Column, stored: Any) -> int | None:
         return len(stored)
-
-    def inventory_facts(self) -> dict[str, Any]:
-        return {}
-
-    def drift_condition(self, alias: str) -> sql.Composable | None:
-        return None

@@ -118,6 +118,26 @@ class Rewrapper(Protocol):
     def rewrap(self, values: Sequence[str]) -> list[str]: ...
 
 
+class RowLocked:
+    """What row-locked, row-counting schemes (``aesgcm``, ``vault-transit``) share: rows are locked
+    while read and written, each stale row counts once, there is no CAS miss to settle."""
+
+    guard: WriteGuard = "lock"
+    counts_values = False
+
+    def stale_values(self, row: Sequence[Any]) -> int:
+        return 1
+
+    def settled(self, column: Column, read: Any, now: Any) -> bool:
+        return False  # the lock guard never misses
+
+    def inventory_facts(self) -> dict[str, Any]:
+        return {}
+
+    def drift_condition(self, alias: str) -> sql.Composable | None:
+        return None
+
+
 class Scheme(Protocol):
     """One ciphertext scheme bound to one resolved target and the run's keyring."""
 

@@ -21,7 +21,7 @@ from psycopg import sql
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, TransitValuesInvalid
 from ..keyring import Keyring
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, Rewrapper, ValueClass, Write, WriteGuard
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, Rewrapper, RowLocked, ValueClass, Write
 
 PREFIX: Final = "vault:v"
 # Version: a positive integer without leading zeros, as Transit writes it.
@@ -192,12 +192,10 @@ def classify_transit_version(version: int, current: int, min_decryption_version:
     return "HISTORICAL" if version >= min_decryption_version else "UNKNOWN_KEY"
 
 
-class TransitScheme:
+class TransitScheme(RowLocked):
     """``vault-transit`` bound to one target, the run's keyring and the provider's rewrap port."""
 
     name = "vault-transit"
-    guard: WriteGuard = "lock"
-    counts_values = False
 
     def __init__(self, target: ResolvedTarget, keyring: Keyring, rewrapper: object) -> None:
         if not isinstance(rewrapper, Rewrapper) or not keyring.server_side:
@@ -244,12 +242,6 @@ class TransitScheme:
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         return plan_transit_batch(self.target.name, self.target.columns, rows, self.current, self.rewrapper,
                                   known_failed=known_failed)
-
-    def stale_values(self, row: Sequence[Any]) -> int:
-        return 1
-
-    def settled(self, column: Column, read: Any, now: Any) -> bool:
-        return False  # lock guard: never asked
 
     def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
         # Values, not rows: the prefix, not the key-version column, is what Transit decrypts with.
