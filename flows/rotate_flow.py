@@ -8,9 +8,11 @@ artifact.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,7 @@ from flows.tasks import (
     stopped_result,
     verify,
 )
+from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings, resolve_config_path
 from pinrotate_core.db import database_url, make_engine
@@ -153,12 +156,32 @@ class ShardDrains:
                 for s in self.shards if s.result is not None]
 
 
+@contextlib.contextmanager
+def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> Iterator[None]:
+    """While the drains run, keep the progress artifact saying whether the operator paused or tuned
+    the run through the throttle Variable (the drains, maybe in other processes, obey it themselves)."""
+    control = VariableThrottleControl(variable)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every):
+            progress.show_operator(control(), variable)
+
+    watcher = threading.Thread(target=watch, name="pinrotate-operator-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=every + 5)
+
+
 def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> Any:
     settings = ctx.settings
     plan = plan_shards(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
     progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
     drains = ShardDrains(spec, plan, progress)
-    with task_runner(settings, api_url()) as runner:
+    with task_runner(settings, api_url()) as runner, operator_watch(progress, settings.job.throttle_variable):
         drains.submit(runner, stop)
         drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)

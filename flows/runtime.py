@@ -161,10 +161,25 @@ class RunProgress:
     def __init__(self, run_id: str, current_key: str, total: int) -> None:
         self.total = total
         self.done = 0
-        created = create_progress_artifact(
-            progress=0.0 if total else 100.0, key=PROGRESS_KEY,
-            description=f"pinrotate run {run_id}: rows moved to key {current_key}")
+        self.title = f"pinrotate run {run_id}: rows moved to key {current_key}"
+        self.operator = ""  # what the operator's throttle Variable says, when it says anything
+        created = create_progress_artifact(progress=0.0 if total else 100.0, key=PROGRESS_KEY,
+                                           description=self.title)
         self.artifact_id: UUID | None = created if isinstance(created, UUID) else None
+
+    def show_operator(self, control: Any, variable: str) -> None:
+        """Show the operator's pause / tuning (the throttle Variable) in the artifact's description."""
+        said = control if isinstance(control, dict) else {}
+        parts = ["paused" if said.get("paused") else ""]
+        parts += [f"{k} {said[k]}" for k in ("batch_size", "delay") if said.get(k) is not None]
+        operator = ", ".join(p for p in parts if p)
+        if operator == self.operator:
+            return
+        self.operator = operator
+        log_event("throttle_operator", variable=variable, state=operator or "none")
+        if self.artifact_id is not None:
+            description = f"{self.title}; {variable}: {operator}" if operator else self.title
+            update_progress_artifact(artifact_id=self.artifact_id, progress=self.share, description=description)
 
     @property
     def share(self) -> float:

@@ -215,3 +215,46 @@ def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_trace
     assert str(bad_id) not in (state.message or "") and str(bad_id) not in "\n".join(
         log.message for log in logs if "stopped fail-closed" in log.message)
     assert profile.key_versions("persons") == {2: 29, 1: 1}
+
+
+def test_an_operator_pause_through_the_variable_shows_in_the_progress_artifact_and_clearing_it_finishes(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    """Issue 12: pause a running deployment from the Prefect UI (a Variable), see it in the run's
+    progress artifact, clear it, and the run finishes with every row moved."""
+    import threading
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.variables import Variable
+
+    from flows.rotate import pinrotate_rotate
+
+    variable = f"pinrotate_throttle_{uuid.uuid4().hex[:8]}"
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, batch_size=20, inter_batch_delay=0,
+                           throttle_variable=variable)
+    Variable.set(variable, {"paused": True}, overwrite=True)
+    reports: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: reports.append(pinrotate_rotate(config_path=str(profile.config_path))))
+    try:
+        runner.start()
+
+        def paused_shown() -> bool:
+            with get_client(sync_client=True) as client:
+                found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pinrotate-progress"])))
+            return any(variable in (a.description or "") and "paused" in (a.description or "") for a in found)
+
+        deadline = time.monotonic() + 120
+        while not paused_shown():
+            assert time.monotonic() < deadline, "the progress artifact never said the run was paused"
+            time.sleep(0.5)
+        assert runner.is_alive()
+        with psycopg.connect(profile.url) as conn:
+            row = conn.execute("SELECT count(*) FROM profile.persons WHERE key_version = 2").fetchone()
+        assert row == (0,)  # paused before the first batch: nothing moved
+        Variable.set(variable, {}, overwrite=True)
+        runner.join(timeout=180)
+    finally:
+        Variable.unset(variable)
+    assert not runner.is_alive() and reports and reports[0]["exit_code"] == 0
+    assert rows_consistent(profile) == {2: 200}
