@@ -26,7 +26,7 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
-from pinrotate_core.drain import Drain, DrainOptions, DrainResult
+from pinrotate_core.drain import BatchEvent, Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError, RefusedToStart
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
@@ -295,6 +295,32 @@ def test_a_dry_run_needs_no_expected_key_version_and_runs_read_only(
     assert forge.snapshot() == before
     stats = pg_conn.execute("SELECT sum(n_tup_upd) FROM pg_stat_user_tables").fetchone()
     assert stats is not None and not stats[0]
+
+
+def test_fpc1_targets_drain_with_several_workers_like_the_others(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    """max_degree_of_parallelism splits an fpc1 backlog into id ranges, one worker each, as for the
+    row-locked schemes: the same counts as one worker, every value on the active key."""
+    forge = Forge(pg_conn)
+    write_keys(keys_file)
+    raw = tomllib.loads((EXAMPLES / "forge.toml").read_text(encoding="utf-8"))
+    raw["database"] = {"url": database_url}
+    raw["keys"]["file"] = str(keys_file)
+    raw["job"].update(batch_size=1, inter_batch_delay=0, max_degree_of_parallelism=3)
+    settings = settings_from_mapping(raw, env={})
+    events: list[BatchEvent] = []
+    ctx = rotation.open_run(settings, expected_key="k2")
+    try:
+        rotation.read_current_key(ctx)
+        rotation.resolve_all(ctx)
+        dc = rotation.drain(ctx, DC, on_batch=events.append)
+    finally:
+        ctx.close()
+    assert (dc.reencrypted, dc.conflicts, dc.failed, dc.backlog_remaining) == (4, 0, [], 0)
+    assert len({e.worker for e in events if e.target == DC}) > 1  # more than one worker drained
+    for row_id in (1, 2, 3, 4, 7):
+        value = forge.password(row_id)
+        assert value is not None and parse_fpc1(value).key_id == "k2"
 
 
 # --- conflicts ----------------------------------------------------------------------------------
