@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from .db import describe_db_error, raw_connection
+from .durability import force_flush
 from .errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from .log import log_event
 from .schemes.base import BatchPlan, FailedRow, Scheme, Write
@@ -669,7 +670,9 @@ class Drain:
         try:
             with raw_connection(self.engine) as conn:
                 if result.reencrypted:
-                    durability_barrier(conn)
+                    # Batches commit with synchronous_commit = off: one synchronous commit flushes the
+                    # WAL behind every one of them, so a crash cannot undo what this drain reports.
+                    force_flush(conn)
                 result.backlog_remaining = self.count_backlog(conn)
                 reached = True
                 if self.scheme.guard == "cas":
@@ -745,18 +748,6 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
         raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
 
 
-def durability_barrier(conn: psycopg.Connection[Any]) -> None:
-    """Return once every commit made so far is on disk.
-
-    Batches commit with ``synchronous_commit = off``; one synchronous commit that writes a commit
-    record flushes the WAL up to that record, and with it every batch committed before it, by
-    any connection. A drain reports only after this, so a crash cannot undo what it reported.
-    """
-    with conn.transaction():
-        conn.execute("SET LOCAL synchronous_commit = on")
-        conn.execute("SELECT pg_current_xact_id()")  # an xid: the COMMIT writes and flushes a record
-
-
 def stop_reason(options: DrainOptions, target_stopped: threading.Event | None = None) -> str | None:
     """Why a drain must stop before its next batch, or None: checked between batches only."""
     if options.stop.is_set():
@@ -780,7 +771,7 @@ def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
     else:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the
         # keyring: the next run takes them again. So batches need not wait for each WAL flush;
-        # the drain ends with durability_barrier() before it reports.
+        # the drain ends with durability.force_flush() before it reports.
         conn.execute("SET synchronous_commit = off")
 
 
