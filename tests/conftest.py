@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import hashlib
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -258,6 +259,37 @@ def keys_file(tmp_path: Path) -> Path:
     path = tmp_path / "keys.toml"
     assert not path.exists()
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Logs
+# ---------------------------------------------------------------------------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every line the ``pinrotate`` logger emits during the test (propagating or not)."""
+    from pinrotate_core.log import LOGGER_NAME
+
+    handler = _Lines()
+    logger = logging.getLogger(LOGGER_NAME)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 # ---------------------------------------------------------------------------------------------

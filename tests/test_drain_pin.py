@@ -8,13 +8,12 @@ did not (``xmin``), and what every value decrypts to. No mock of the database or
 from __future__ import annotations
 
 import json
-import logging
 import random
 import secrets
 import threading
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,6 @@ from pinrotate_core.drain import BatchEvent
 from pinrotate_core.errors import ConfigError, RefusedToStart
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.keyring import Keyring
-from pinrotate_core.log import LOGGER_NAME
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
@@ -143,30 +141,6 @@ class PinDb:
 @pytest.fixture
 def pin(database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, tmp_path: Path) -> PinDb:
     return PinDb(database_url, pg_conn, keys_file, tmp_path)
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    """Every line the ``pinrotate`` logger emits during the test (propagating or not)."""
-    handler = _Lines()
-    logger = logging.getLogger(LOGGER_NAME)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 def write_keys_file(path: Path, current: str, keys: dict[str, bytes]) -> Path:

@@ -9,7 +9,6 @@ still over several polls, and must then be short of the whole table.
 from __future__ import annotations
 
 import contextvars
-import logging
 import threading
 import time
 import uuid
@@ -21,7 +20,6 @@ import psycopg
 import pytest
 
 from pinrotate_core import rotation
-from pinrotate_core.log import LOGGER_NAME
 
 from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
 from .test_drain_pin import PinDb
@@ -30,29 +28,6 @@ PERSONS = 3000
 BOUND_S = 120.0  # only a bound against a hang; never asserted on
 STILL_POLLS = 4  # the count must hold still over this many polls ...
 POLL_S = 0.5  # ... this far apart (the drain's throttle looks every 0.5 s at most)
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    handler = Lines()
-    logger = logging.getLogger(LOGGER_NAME)
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 @pytest.fixture
