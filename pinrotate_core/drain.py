@@ -244,11 +244,11 @@ class Drain:
         self._locks = scheme.guard == "lock" and not options.dry_run
         settings = self.target.settings
         self._id = sql.Identifier(settings.id)
-        self._where = sql.SQL("{} AND {}").format(scheme.stale_condition(),
-                                                  scope_condition(settings, options.tenant))
-        self._where_t = sql.SQL("{} AND {}").format(scheme.stale_condition("t"),
-                                                    scope_condition(settings, options.tenant, "t"))
+        # THE scope rule, composed once: bare for reads and counts, aliased "t" for update guards.
+        self._scope = scope_condition(settings, options.tenant)
         self._scope_t = scope_condition(settings, options.tenant, "t")
+        self._where = sql.SQL("{} AND {}").format(scheme.stale_condition(), self._scope)
+        self._where_t = sql.SQL("{} AND {}").format(scheme.stale_condition("t"), self._scope_t)
         self._statements: dict[tuple[int, ...], sql.Composed] = {}
 
     # -- SQL ---------------------------------------------------------------------------------
@@ -347,9 +347,16 @@ class Drain:
                     stale += self.scheme.stale_values(row[1:])
         return stale
 
-    def _range_bounds(self, conn: psycopg.Connection[Any], workers: int) -> list[Any]:
-        """Split the backlog's ids into ``workers`` ranges of about equal size (one scan of ids)."""
-        return shard_bounds(conn, self.target.relation, self._id, self._where, workers, self.options.id_range)
+    def _range_bounds(self, conn: psycopg.Connection[Any], ranges: int) -> list[Any]:
+        """Inner boundaries splitting the backlog's ids (within ``id_range``) into ``ranges`` ranges of
+        about equal row counts: quantiles of the id over the stale rows, one scan of the ids."""
+        if ranges <= 1:
+            return []
+        conds, params = self._range(*self.options.id_range)
+        query = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {where}"
+                        ).format(id=self._id, rel=self.target.relation, where=sql.SQL(" AND ").join([self._where, *conds]))
+        row = conn.execute(query, [[i / ranges for i in range(1, ranges)], *params]).fetchone()
+        return sorted({b for b in (row[0] if row and row[0] else []) if b is not None})
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -431,7 +438,7 @@ class Drain:
             query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s) AND {scope}").format(
                 id=self._id, cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name))
                                                      for c in columns),
-                rel=self.target.relation, scope=scope_condition(self.target.settings, self.options.tenant))
+                rel=self.target.relation, scope=self._scope)
             read = {write.ids[i]: [old[i] for old in write.old] for i in missed}
             for row in conn.execute(query, [list(read)]).fetchall():
                 if all(self.scheme.settled(c, r, v) for c, r, v in zip(columns, read[row[0]], row[1:])):
@@ -701,29 +708,6 @@ class Drain:
                       error=result.state_error)
 
 
-def shard_bounds(conn: psycopg.Connection[Any], relation: sql.Composable, id_column: sql.Composable,
-                 where: sql.Composable, shards: int, id_range: tuple[Any, Any] = (None, None)) -> list[Any]:
-    """Inner boundaries splitting the ids that match ``where`` (within ``id_range``) into ``shards``
-    ranges of about equal row counts: quantiles of the id, one scan of the ids."""
-    if shards <= 1:
-        return []
-    fractions = [i / shards for i in range(1, shards)]
-    conds: list[sql.Composable] = [where]
-    params: list[Any] = [fractions]
-    lo, hi = id_range
-    if lo is not None:
-        conds.append(sql.SQL("{} > %s").format(id_column))
-        params.append(lo)
-    if hi is not None:
-        conds.append(sql.SQL("{} <= %s").format(id_column))
-        params.append(hi)
-    query = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {where}").format(
-        id=id_column, rel=relation, where=sql.SQL(" AND ").join(conds))
-    row = conn.execute(query, params).fetchone()
-    bounds = [b for b in (row[0] if row and row[0] else []) if b is not None]
-    return sorted(set(bounds))
-
-
 def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
                   shards: int) -> list[tuple[tuple[Any, Any], int]]:
     """The stale, in-scope ids of a target as at most ``shards`` ranges ``(lo, hi]`` of similar row
@@ -739,7 +723,7 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
             # A shard has fixed costs (connections, counts, filling and emptying the pipeline): below
             # MIN_BATCHES_PER_SHARD batches they outweigh what one more shard spreads.
             shards = min(shards, max(1, backlog // (MIN_BATCHES_PER_SHARD * options.batch_size)))
-            bounds = drain._range_bounds(conn, shards) if shards > 1 and backlog > 1 else []
+            bounds = drain._range_bounds(conn, shards) if backlog > 1 else []
             ranges = list(zip([None, *bounds], [*bounds, None]))
             if len(ranges) == 1:
                 return [((None, None), backlog)]
