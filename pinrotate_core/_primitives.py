@@ -6,6 +6,7 @@ Nothing here knows about keyrings, columns or databases; nothing here ever logs.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
@@ -21,12 +22,6 @@ TAG_LEN = 16
 
 def random_nonce() -> bytes:
     return os.urandom(NONCE_LEN)
-
-
-def random_nonces(count: int) -> list[bytes]:
-    """``count`` independent random 96-bit nonces from one call to the OS CSPRNG."""
-    pool = os.urandom(NONCE_LEN * count)
-    return [pool[i:i + NONCE_LEN] for i in range(0, NONCE_LEN * count, NONCE_LEN)]
 
 
 class AesGcm:
@@ -51,22 +46,41 @@ class AesGcm:
         except InvalidTag:
             raise CiphertextInvalid("ciphertext does not authenticate") from None
 
-    def reencrypt_into(self, target: AesGcm, blob: bytes, nonce: bytes) -> bytes:
-        """Decrypt ``blob`` under this key, encrypt under ``target`` with ``nonce``, and decrypt the
-        result again to prove it reads back as the same plaintext (the drain's hot path)."""
-        if len(blob) < NONCE_LEN + TAG_LEN:
-            raise CiphertextInvalid("ciphertext too short")
-        try:
-            plaintext = self._aead.decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
-        except InvalidTag:
-            raise CiphertextInvalid("ciphertext does not authenticate") from None
-        body = target._aead.encrypt(nonce, plaintext, None)
-        try:
-            if target._aead.decrypt(nonce, body, None) != plaintext:
-                raise VerificationFailed("re-encrypted value does not read back")
-        except InvalidTag:
-            raise VerificationFailed("re-encrypted value does not authenticate") from None
-        return nonce + body
+    def reencrypt_many(self, target: AesGcm, blobs: Sequence[bytes | None]) -> tuple[list[bytes | None], list[int]]:
+        """Decrypt ``blobs`` under this key and encrypt each under ``target`` with a fresh random
+        nonce, decrypting every result again to prove it reads back as the same plaintext: (new
+        values, positions that did not decrypt). None stays None; a
+        position that did not decrypt gets None too. Raises VerificationFailed if a new value does
+        not read back. The loop is the drain's hot path: the per-value work is the three AEAD calls."""
+        nonces = os.urandom(NONCE_LEN * len(blobs))
+        decrypt = self._aead.decrypt
+        encrypt = target._aead.encrypt
+        check = target._aead.decrypt
+        out: list[bytes | None] = []
+        bad: list[int] = []
+        for i, blob in enumerate(blobs):
+            if blob is None:
+                out.append(None)
+                continue
+            if len(blob) < NONCE_LEN + TAG_LEN:
+                bad.append(i)
+                out.append(None)
+                continue
+            try:
+                plaintext = decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
+            except InvalidTag:
+                bad.append(i)
+                out.append(None)
+                continue
+            nonce = nonces[i * NONCE_LEN:(i + 1) * NONCE_LEN]
+            body = encrypt(nonce, plaintext, None)
+            try:
+                if check(nonce, body, None) != plaintext:
+                    raise VerificationFailed("re-encrypted value does not read back")
+            except InvalidTag:
+                raise VerificationFailed("re-encrypted value does not authenticate") from None
+            out.append(nonce + body)
+        return out, bad
 
     def __repr__(self) -> str:
         return "AesGcm(<redacted>)"

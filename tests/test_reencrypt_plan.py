@@ -212,6 +212,29 @@ def test_every_nonce_of_a_batch_is_distinct(ciphers: AesGcmCipherSet) -> None:
     assert len(set(nonces)) == len(nonces) == 300
 
 
+def test_a_batch_of_rows_on_several_keys_keeps_each_row_with_its_own_values_and_failures() -> None:
+    # The plan works column by column and key by key: rows interleaved across keys must come out
+    # in their own order, each with its own values, and a bad value fails only its own row.
+    keyring = make_keyring("1", "2", "3", current="3")
+    ciphers = AesGcmCipherSet(keyring)
+    encodings = [BYTEA, TEXT]
+    plaintexts = [[f"first-{n}".encode(), None if n % 3 == 0 else f"last-{n}".encode()] for n in range(12)]
+    rows: list[tuple[Any, ...]] = []
+    for n, p in enumerate(plaintexts):
+        rows += make_rows(ciphers, "1" if n % 2 else "2", [p], encodings)
+    rows[5] = (rows[5][0], rows[5][1], rows[5][2], "not base64 at all!")
+    tampered = bytearray(rows[8][2])
+    tampered[0] ^= 1
+    rows[8] = (rows[8][0], rows[8][1], bytes(tampered), rows[8][3])
+
+    plan = plan_aesgcm_batch("T", ["a", "b"], encodings, rows, ciphers)
+
+    assert plan.failed == [FailedRow("T", str(rows[5][0]), ("b",)), FailedRow("T", str(rows[8][0]), ("a",))]
+    kept = [n for n in range(12) if n not in (5, 8)]
+    assert plan.ids == [rows[n][0] for n in kept]
+    assert read_back(plan, ciphers, encodings) == {rows[n][0]: plaintexts[n] for n in kept}
+
+
 def test_an_empty_batch_plans_nothing(ciphers: AesGcmCipherSet) -> None:
     plan = plan_aesgcm_batch("Person", COLUMNS, [BYTEA] * 3, [], ciphers)
     assert (plan.ids, plan.writes[0].new, plan.failed, plan.skipped) == ([], [[], [], []], [], 0)

@@ -16,14 +16,13 @@ from typing import Any
 
 from psycopg import sql
 
-from .._primitives import AesGcm, random_nonces
+from .._primitives import AesGcm
 from ..errors import CiphertextInvalid, KeyUnavailable, VerificationFailed
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
 from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, RowLocked, ValueClass, Write
 
-__all__ = ["AesGcmCipherSet", "AesGcmScheme", "ColumnEncoding", "classify_version", "plan_aesgcm_batch",
-           "random_nonces"]
+__all__ = ["AesGcmCipherSet", "AesGcmScheme", "ColumnEncoding", "classify_version", "plan_aesgcm_batch"]
 
 
 class ColumnEncoding(enum.Enum):
@@ -70,16 +69,6 @@ class AesGcmCipherSet:
     def encrypt_current(self, plaintext: bytes, nonce: bytes | None = None) -> bytes:
         return self.cipher(self.keyring.current).encrypt(plaintext, nonce)
 
-    def reencrypt_into_current(self, key_id: str, blobs: list[bytes], nonces: list[bytes] | None = None) -> list[bytes]:
-        """Re-encrypt values of one key under the current key, each verified (see AesGcm.reencrypt_into).
-
-        Raises CiphertextInvalid for the first value that does not decrypt.
-        """
-        source = self.cipher(key_id)
-        target = self.cipher(self.keyring.current)
-        nonces = random_nonces(len(blobs)) if nonces is None else nonces
-        return [source.reencrypt_into(target, blob, nonce) for blob, nonce in zip(blobs, nonces)]
-
 
 def plan_aesgcm_batch(
     target: str,
@@ -95,48 +84,75 @@ def plan_aesgcm_batch(
     A key missing from the keyring raises KeyUnavailable (the caller rolls the whole batch back);
     a value that does not decrypt marks its row FAILED and leaves it unchanged. NULL stays NULL.
     The plan has one write: every cipher column of every row that moves.
+
+    The drain's hot path: the batch is worked column by column and key by key (a batch's rows are
+    nearly always on one key), so that the per-value Python is the three AEAD calls of
+    ``AesGcm.reencrypt_many`` and little else.
     """
     write = Write(tuple(range(len(columns))))
     plan = BatchPlan(writes=[write])
-    ids, new_columns = write.ids, write.new  # filled directly: this loop is the drain's hot path
+    if known_failed:
+        kept = [row for row in rows if str(row[0]) not in known_failed]
+        plan.skipped = len(rows) - len(kept)
+        rows = kept
     current = ciphers.keyring.current
     target_cipher = ciphers.cipher(current)
-    raw = [enc is ColumnEncoding.BYTEA for enc in encodings]
-    nonces = random_nonces(len(rows) * len(columns))
-    n = 0
-    for row in rows:
-        row_id = row[0]
-        if known_failed and str(row_id) in known_failed:
-            plan.skipped += 1
-            continue
-        source = ciphers.cipher(str(row[1]))  # KeyUnavailable here: the whole batch rolls back
-        new_row: list[Any] = []
-        bad: list[str] = []
-        for j, stored in enumerate(row[2:]):
-            if stored is None:
-                new_row.append(None)
-                continue
-            nonce = nonces[n]
-            n += 1
+    versions = [row[1] for row in rows]
+    # Rows by key: one group (every row, in order) in the common case.
+    groups: list[tuple[Any, list[int] | None]]
+    if not rows or versions.count(versions[0]) == len(versions):
+        groups = [(versions[0], None)] if rows else []
+    else:
+        by_key: dict[Any, list[int]] = {}
+        for i, version in enumerate(versions):
+            by_key.setdefault(version, []).append(i)
+        groups = list(by_key.items())
+    sources = [(ciphers.cipher(str(version)), positions) for version, positions in groups]  # KeyUnavailable: roll back
+    bad_columns: dict[int, list[str]] = {}  # row position -> columns that did not decrypt
+    new_columns: list[list[Any]] = []
+    for j, encoding in enumerate(encodings):
+        stored = [row[2 + j] for row in rows]
+        if encoding is ColumnEncoding.BYTEA:
+            blobs: list[bytes | None] = stored
+        else:
+            blobs = []
+            for i, value in enumerate(stored):
+                try:
+                    blobs.append(None if value is None else encoding.to_bytes(value))
+                except CiphertextInvalid:
+                    blobs.append(None)
+                    bad_columns.setdefault(i, []).append(columns[j])
+        new: list[Any] = [None] * len(rows) if len(sources) > 1 else []
+        for source, positions in sources:
+            part = blobs if positions is None else [blobs[i] for i in positions]
             try:
-                blob = stored if raw[j] else encodings[j].to_bytes(stored)
-                fresh = source.reencrypt_into(target_cipher, blob, nonce)
-            except CiphertextInvalid:
-                bad.append(columns[j])
-                continue
+                fresh, bad = source.reencrypt_many(target_cipher, part)
             except VerificationFailed:
                 raise KeyUnavailable(
                     f"target {target}: a value re-encrypted under key {current} did not verify", retryable=False
                 ) from None
-            new_row.append(fresh if raw[j] else encodings[j].from_bytes(fresh))
-        if bad:
-            plan.failed.append(FailedRow(target, str(row_id), tuple(bad)))
-            continue
-        ids.append(row_id)
-        for values, value in zip(new_columns, new_row):
-            values.append(value)
-    write.weights = [1] * len(ids)
-    write.tenants = [""] * len(ids)
+            for k in bad:
+                bad_columns.setdefault(k if positions is None else positions[k], []).append(columns[j])
+            written: list[Any] = fresh if encoding is ColumnEncoding.BYTEA else [
+                None if v is None else encoding.from_bytes(v) for v in fresh]
+            if positions is None:
+                new = written
+            else:
+                for k, i in enumerate(positions):
+                    new[i] = written[k]
+        new_columns.append(new)
+    if not bad_columns:
+        write.ids = [row[0] for row in rows]
+        write.new = new_columns
+    else:
+        keep = [i for i in range(len(rows)) if i not in bad_columns]
+        for i in sorted(bad_columns):
+            named = set(bad_columns[i])
+            plan.failed.append(FailedRow(target, str(rows[i][0]), tuple(c for c in columns if c in named)))
+        write.ids = [rows[i][0] for i in keep]
+        write.new = [[values[i] for i in keep] for values in new_columns]
+    write.weights = [1] * len(write.ids)
+    write.tenants = [""] * len(write.ids)
     return plan
 
 
