@@ -6,10 +6,18 @@
     python benchmarks/drain.py --transit          # also the Vault Transit rewrap drain (local OpenBao)
     python benchmarks/drain.py --dask 2           # also: shards on a local Dask cluster of 2 worker processes
 
-Seeds the Pin profile preset under key 1 (test keys, thrown away), promotes key 2, drains the
+Seeds the Pin profile preset under key 1 (test keys, thrown away), promotes a new key, drains the
 Person target (4 cipher columns) and prints rows/s and peak RSS during the drain, with, in the same
 run, the ratio against (a) an in-database ``UPDATE ... SET key_version = key_version + 1`` over the
 same rows (the floor of writing the rows at all) and (b) a row-at-a-time loop on a sample.
+
+Every timed figure starts from the same table: the seeded rows, restored from a copy taken after
+seeding (same rows, same physical order, every row on key 1), vacuumed, and after a ``CHECKPOINT``,
+so that none inherits another's dead rows, free space, physical order or pending WAL. One untimed
+drain warms the server first (a new server creates its WAL segment files as it goes; a running one
+recycles them). The figures are measured ``--repeat`` times in turns (drain, UPDATE, Dask, ...) and
+the median of each is printed, with the ratios of every round: on a shared 2-core machine a single
+round says little.
 """
 
 from __future__ import annotations
@@ -18,11 +26,13 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,32 +83,77 @@ class RssSampler:
         self._thread.join()
 
 
-def _parallel_run(url: str, keys_path: str, batch_size: int, out: multiprocessing.Queue[int]) -> None:
+def busy_cpu_seconds() -> float:
+    """CPU seconds every process of this machine has used since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Cpu:
+    """CPU seconds spent while a figure ran: the whole machine's, and the Python processes' doing it."""
+
+    busy: float = 0.0
+    python: float = 0.0
+    driver: float | None = None  # of python: the process that planned the shards and hosts Dask's scheduler
+
+    def per_row(self, rows: int) -> str:
+        driver = "" if self.driver is None else f" of which the scheduler's process {self.driver / rows * 1e6:.1f}"
+        return (f"{self.busy / rows * 1e6:.1f} us CPU per row (Python {self.python / rows * 1e6:.1f}{driver}, "
+                f"PostgreSQL and the rest {(self.busy - self.python) / rows * 1e6:.1f})")
+
+
+def _parallel_run(url: str, keys_path: str, batch_size: int, id_range: tuple[Any, Any], ready: Any,
+                  out: multiprocessing.Queue[tuple[int, float]]) -> None:
     """One of several independent runs on the same target, as parallel deployments would be."""
     ring = FileKeyProvider(keys_path).load_keyring()
     settings = settings_from_mapping({"database": {"url": url}, "targets": [PERSON]})
     engine = make_engine(url, pool_size=5)
     with raw_connection(engine) as conn:
         target = resolve_target(conn, settings.targets[0])
-    out.put(drain_target(engine, build_scheme(target, ring, settings.keys), DrainOptions(batch_size=batch_size)).reencrypted)
+    scheme = build_scheme(target, ring, settings.keys)
+    ready.wait()  # every process loaded and connected: the clock starts now
+    before = own_cpu_seconds()
+    moved = drain_target(engine, scheme, DrainOptions(batch_size=batch_size, id_range=id_range)).reencrypted
+    out.put((moved, own_cpu_seconds() - before))
     engine.dispose()
 
 
-def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> tuple[int, float]:
-    """``processes`` runs at once (separate processes, SKIP LOCKED keeps them apart); (rows, seconds)."""
+def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> tuple[int, float, Cpu]:
+    """``processes`` plain processes at once, each on its own id range (as the Dask shards are, but
+    without Dask), started and connected before the clock; (rows, seconds, CPU)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY id) FROM profile.persons",
+                           [[i / processes for i in range(1, processes)]]).fetchone()
+    bounds = list(row[0]) if row and row[0] else []
+    ranges = list(zip([None, *bounds], [*bounds, None]))
     ctx = multiprocessing.get_context("spawn")
-    out: multiprocessing.Queue[int] = ctx.Queue()
-    procs = [ctx.Process(target=_parallel_run, args=(url, keys_path, batch_size, out)) for _ in range(processes)]
-    started = time.perf_counter()
+    out: multiprocessing.Queue[tuple[int, float]] = ctx.Queue()
+    ready = ctx.Barrier(len(ranges) + 1)
+    procs = [ctx.Process(target=_parallel_run, args=(url, keys_path, batch_size, r, ready, out)) for r in ranges]
     for p in procs:
         p.start()
-    moved = sum(out.get(timeout=600) for _ in procs)
+    ready.wait()
+    busy = busy_cpu_seconds()
+    started = time.perf_counter()
+    results = [out.get(timeout=600) for _ in procs]
+    secs = time.perf_counter() - started
+    cpu = Cpu(busy_cpu_seconds() - busy, sum(c for _, c in results))
     for p in procs:
         p.join()
-    return moved, time.perf_counter() - started
+    return sum(m for m, _ in results), secs, cpu
 
 
-def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any]) -> tuple[int, int]:
+def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int) -> tuple[int, int]:
     """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS in KiB)."""
     from pinrotate_core import rotation
 
@@ -106,45 +161,51 @@ def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any]) -> tuple[int, in
     try:
         rotation.read_current_key(ctx, announce=False)
         rotation.resolve_all(ctx)
-        moved = rotation.drain(ctx, "Person", workers=1, id_range=id_range).reencrypted
+        moved = rotation.drain(ctx, "Person", workers=1, id_range=id_range, planned_backlog=rows).reencrypted
     finally:
         ctx.close()
     return moved, _peak_rss_kb()
 
 
-def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str, int]]:
+def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str, int], Cpu]:
     """Shards (4 per process) on a local Dask cluster of ``processes`` one-thread worker processes,
-    the cluster started before the clock; (rows, seconds, peak RSS KiB per worker)."""
+    the cluster started before the clock; (rows, seconds, peak RSS KiB per worker, CPU)."""
     import logging
 
     import dask
     from distributed import Client, LocalCluster
 
-    from flows.runtime import WORKER_MALLOC_TRIM_THRESHOLD
+    from flows.runtime import LOCAL_WORKER_CONFIG
 
     from pinrotate_core import rotation
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    # As the flow's local cluster does (flows/runtime.py): keep glibc from trimming after every batch.
-    dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": WORKER_MALLOC_TRIM_THRESHOLD})
+    dask.config.set(LOCAL_WORKER_CONFIG)  # as the flow's local cluster (flows/runtime.py)
     with LocalCluster(n_workers=processes, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(processes)
         # A cluster's workers are long-lived: they pay pinrotate's imports once, not per run.
         client.run(_warm_worker)
-        started = time.perf_counter()
         ctx = rotation.open_run(settings_from_mapping(raw), run_id="benchmark")
         try:
             rotation.read_current_key(ctx, announce=False)
             rotation.resolve_all(ctx)
-            shards = [r for r, _ in rotation.plan_shards(ctx, "Person", 4 * processes)]
+            # The clock starts where the single-process figure's does (at the drain, the run opened),
+            # and includes planning the shards.
+            workers_before = sum(client.run(own_cpu_seconds).values())
+            busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
+            started = time.perf_counter()
+            shards = rotation.plan_shards(ctx, "Person", 4 * processes)
         finally:
             ctx.close()
-        futures = [client.submit(_dask_shard, raw, r, pure=False) for r in shards]
+        futures = [client.submit(_dask_shard, raw, r, rows, pure=False) for r, rows in shards]
         moved = sum(future.result()[0] for future in futures)
         secs = time.perf_counter() - started
+        driver = own_cpu_seconds() - own_before
+        cpu = Cpu(busy_cpu_seconds() - busy_before, driver + sum(client.run(own_cpu_seconds).values()) - workers_before,
+                  driver)
         peaks = client.run(_peak_rss_kb)  # each worker process's peak since it started
-    return moved, secs, {str(k): int(v) for k, v in peaks.items()}
+    return moved, secs, {str(k): int(v) for k, v in peaks.items()}, cpu
 
 
 def _warm_worker() -> None:
@@ -189,7 +250,8 @@ def main() -> int:
     ap.add_argument("--dask", type=int, default=0, metavar="N",
                     help="also: shards of the same rows on a local Dask cluster of N worker processes")
     ap.add_argument("--processes", type=int, default=0,
-                    help="also: this many independent runs at once (separate processes) on the same rows")
+                    help="also: this many plain processes at once, each on its own id range (Dask's shards without Dask)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of every figure, in turns (default 3)")
     args = ap.parse_args()
 
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
@@ -210,6 +272,8 @@ def main() -> int:
             presets.seed_pin_profile(conn, ring, rows=args.rows, key_id="1", seed=1)
             seeded_s = time.perf_counter() - t0
             conn.execute("VACUUM ANALYZE profile.persons")
+            # The starting point of every figure (see the module docstring).
+            conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
         provider.add_key()
         provider.promote("2")
         ring2 = provider.load_keyring()
@@ -221,49 +285,90 @@ def main() -> int:
         with raw_connection(engine) as conn:
             target = resolve_target(conn, settings.targets[0])
         options = DrainOptions(batch_size=args.batch_size, workers=args.workers)
-        with RssSampler() as rss:
-            t0 = time.perf_counter()
-            result = drain_target(engine, build_scheme(target, ring2, settings.keys), options)
-            drain_s = time.perf_counter() - t0
-        assert result.backlog_remaining == 0 and not result.failed, result
-        drain_rate = result.reencrypted / drain_s
-        print(f"drain: {result.reencrypted:,} rows in {drain_s:.2f} s = {drain_rate:,.0f} rows/s "
-              f"(batch {args.batch_size}, workers {args.workers}, {result.batches} batches)")
-        print(f"peak RSS during the drain: {rss.peak_kb / 1024:.1f} MiB")
 
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("VACUUM profile.persons")
-            t0 = time.perf_counter()
-            conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # 2 -> 3, same rows
-            update_s = time.perf_counter() - t0
-            conn.execute("UPDATE profile.persons SET key_version = 2")
-            conn.execute("VACUUM profile.persons")
-        update_rate = args.rows / update_s
-        def compact() -> None:
-            # Every comparison starts from the same physical table the single-process drain met:
-            # the drain and the UPDATEs above left it bloated, which would slow the later figures.
+        def restore() -> None:
+            """Back to the seeded table: every row on key 1 again, key 2 current."""
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("VACUUM FULL ANALYZE profile.persons")
+                conn.execute("TRUNCATE profile.persons")
+                conn.execute("INSERT INTO profile.persons SELECT * FROM profile.persons_seeded")
+                conn.execute("VACUUM ANALYZE profile.persons")
+                conn.execute("CHECKPOINT")
 
+        def single() -> tuple[int, float, int, Cpu]:
+            scheme = build_scheme(target, ring2, settings.keys)
+            restore()
+            with RssSampler() as rss:
+                busy, own = busy_cpu_seconds(), own_cpu_seconds()
+                t0 = time.perf_counter()
+                result = drain_target(engine, scheme, options)
+                secs = time.perf_counter() - t0
+                cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own)
+            assert result.backlog_remaining == 0 and not result.failed, result
+            return result.reencrypted, secs, rss.peak_kb, cpu
+
+        def in_database_update() -> tuple[float, Cpu]:
+            restore()
+            with psycopg.connect(url, autocommit=True) as conn:
+                busy = busy_cpu_seconds()
+                t0 = time.perf_counter()
+                conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # the same rows
+                secs = time.perf_counter() - t0
+                cpu = Cpu(busy_cpu_seconds() - busy)
+                conn.execute("UPDATE profile.persons SET key_version = key_version - 1")
+            return args.rows / secs, cpu
+
+        single()  # warm-up, untimed
+        raw = {"database": {"url": url}, "keys": {"provider": "file", "file": str(sandbox / "keys.toml")},
+               "job": {"batch_size": args.batch_size, "inter_batch_delay": 0}, "targets": [PERSON]}
+        drains: list[float] = []
+        updates: list[float] = []
+        dasks: list[float] = []
+        parallels: list[float] = []
+        cpus: dict[str, list[Cpu]] = {"drain": [], "update": [], "dask": [], "processes": []}
+        peak_kb = 0
+        worker_peaks: dict[str, int] = {}
+        last = (0, 0.0)
+        for round_no in range(1, args.repeat + 1):
+            moved, secs, peak, cpu = single()
+            cpus["drain"].append(cpu)
+            peak_kb = peak_kb or peak  # the first round's: later rounds' process also hosts Dask's scheduler
+            last = (moved, secs)
+            drains.append(moved / secs)
+            rate, cpu = in_database_update()
+            updates.append(rate)
+            cpus["update"].append(cpu)
+            line = (f"round {round_no}/{args.repeat}: drain {drains[-1]:,.0f} rows/s, "
+                    f"in-database UPDATE {updates[-1]:,.0f} rows/s")
+            if args.dask:
+                restore()
+                moved, secs, worker_peaks, cpu = dask_run(raw, args.dask)
+                dasks.append(moved / secs)
+                cpus["dask"].append(cpu)
+                line += (f", dask {dasks[-1]:,.0f} rows/s = {dasks[-1] / drains[-1]:.2f}x the drain, "
+                         f"{dasks[-1] / updates[-1]:.2f} of the UPDATE")
+            if args.processes:
+                restore()
+                moved, secs, cpu = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
+                parallels.append(moved / secs)
+                cpus["processes"].append(cpu)
+                line += f", {args.processes} plain processes {parallels[-1]:,.0f} rows/s"
+            print(line, flush=True)
+
+        drain_rate, update_rate = statistics.median(drains), statistics.median(updates)
+        print(f"drain: {last[0]:,} rows in {last[0] / drain_rate:.2f} s = {drain_rate:,.0f} rows/s "
+              f"(median of {args.repeat}; batch {args.batch_size}, workers {args.workers})")
+        print(f"peak RSS during the drain: {peak_kb / 1024:.1f} MiB")
         if args.processes:
-            compact()
-            provider.add_key()
-            provider.promote("3")  # a fresh backlog: every row moves 2 -> 3 again
-            moved, secs = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
-            print(f"{args.processes} runs in parallel (processes): {moved:,} rows in {secs:.2f} s = "
-                  f"{moved / secs:,.0f} rows/s; vs one run = {moved / secs / drain_rate:.2f}x")
+            rate = statistics.median(parallels)
+            print(f"{args.processes} plain processes on id ranges: {args.rows:,} rows in {args.rows / rate:.2f} s = "
+                  f"{rate:,.0f} rows/s; vs one process = {rate / drain_rate:.2f}x; / UPDATE = {rate / update_rate:.2f}")
         if args.dask:
-            compact()
-            provider.add_key()
-            provider.promote(provider.load_keyring().ids()[-1])  # a fresh backlog: every row moves again
-            raw = {"database": {"url": url}, "keys": {"provider": "file", "file": str(sandbox / "keys.toml")},
-                   "job": {"batch_size": args.batch_size, "inter_batch_delay": 0}, "targets": [PERSON]}
-            moved, secs, peaks = dask_run(raw, args.dask)
-            dask_rate = moved / secs
-            print(f"dask, {args.dask} processes: {moved:,} rows in {secs:.2f} s = {dask_rate:,.0f} rows/s; "
-                  f"vs one process = {dask_rate / drain_rate:.2f}x; dask / UPDATE = {dask_rate / update_rate:.2f}")
-            print("peak RSS per Dask worker: " + ", ".join(f"{kb / 1024:.1f} MiB" for kb in peaks.values()))
-        provider.add_key()  # a new key, current stays 2: the loop writes it by hand
+            rate = statistics.median(dasks)
+            print(f"dask, {args.dask} processes: {args.rows:,} rows in {args.rows / rate:.2f} s = {rate:,.0f} rows/s; "
+                  f"vs one process = {rate / drain_rate:.2f}x; dask / UPDATE = {rate / update_rate:.2f} (medians)")
+            print("peak RSS per Dask worker: " + ", ".join(f"{kb / 1024:.1f} MiB" for kb in worker_peaks.values()))
+        restore()
+        provider.add_key()  # a new key, not current: the loop writes it by hand
         ring_now = FileKeyProvider(sandbox / "keys.toml").load_keyring()
         newest = ring_now.ids()[-1]
         loop_ciphers = AesGcmCipherSet(type(ring_now)(current=newest, keys=ring_now.keys, source="bench"))
@@ -271,6 +376,26 @@ def main() -> int:
         engine.dispose()
 
         print(f"in-database UPDATE of the same rows: {update_rate:,.0f} rows/s; drain / UPDATE = {drain_rate / update_rate:.2f}")
+
+        def median_cpu(name: str) -> Cpu:
+            runs = cpus[name]
+            driver = [c.driver for c in runs if c.driver is not None]
+            return Cpu(statistics.median(c.busy for c in runs), statistics.median(c.python for c in runs),
+                       statistics.median(driver) if driver else None)
+
+        cores = os.cpu_count() or 1
+        drain_cpu = median_cpu("drain")
+        print(f"CPU, drain: {drain_cpu.per_row(args.rows)}; {drain_cpu.busy / (args.rows / drain_rate):.2f} "
+              f"of {cores} cores busy")
+        if cpus["dask"]:
+            print(f"CPU, dask: {median_cpu('dask').per_row(args.rows)}")
+        if cpus["processes"]:
+            print(f"CPU, {args.processes} plain processes: {median_cpu('processes').per_row(args.rows)}")
+        print(f"CPU, in-database UPDATE: {median_cpu('update').per_row(args.rows)}")
+        print(f"at the drain's CPU per row, {cores} cores (PostgreSQL's included) cap any number of drain processes "
+              f"at about {cores / (drain_cpu.busy / args.rows):,.0f} rows/s = "
+              f"{cores / (drain_cpu.busy / args.rows) / drain_rate:.2f}x one process, "
+              f"{cores / (drain_cpu.busy / args.rows) / update_rate:.2f} of the UPDATE")
         print(f"row-at-a-time loop (sample {min(args.sample, args.rows):,}): {loop_rate:,.0f} rows/s; "
               f"drain / loop = {drain_rate / loop_rate:.1f}x")
         if args.transit:

@@ -29,7 +29,16 @@ from pinrotate_core.log import log_event
 CANCEL_POLL_S = 1.0
 PROGRESS_KEY = "pinrotate-progress"  # an artifact key, so that `prefect artifact ls` lists it
 MAX_THREADS = 64
-WORKER_MALLOC_TRIM_THRESHOLD = 64 * 1024 * 1024  # bytes; see task_runner_for
+# dask.config of the workers of a local cluster (set before they start), each measured here on a drain:
+LOCAL_WORKER_CONFIG: dict[str, Any] = {
+    # Dask's nannies start workers with MALLOC_TRIM_THRESHOLD_=65536, which makes glibc hand memory
+    # back to the kernel after almost every batch: a drain in such a worker ran about 25% slower than
+    # in a plain process. A drain's memory is flat (about 100 MiB), so keep it.
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 64 * 1024 * 1024,
+    # Dask samples each worker's stacks 100 times a second for its dashboard's profile: with the
+    # drain's three threads contending for the GIL, that cost 5-10% of the throughput.
+    "distributed.worker.profile.enabled": False,
+}
 
 
 # -- the task runner ------------------------------------------------------------------------------
@@ -53,10 +62,7 @@ def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
     if job.dask_address:
         return DaskTaskRunner(address=job.dask_address)
     env = {"PREFECT_API_URL": api_url} if api_url else {}
-    # Dask's nannies start workers with MALLOC_TRIM_THRESHOLD_=65536, which makes glibc hand memory
-    # back to the kernel after almost every batch: measured here, a drain in such a worker ran about
-    # 25% slower than in a plain process. A drain's memory is flat (about 100 MiB), so keep it.
-    dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": WORKER_MALLOC_TRIM_THRESHOLD})
+    dask.config.set(LOCAL_WORKER_CONFIG)
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": job.max_degree_of_parallelism, "threads_per_worker": 1, "processes": True,
         "dashboard_address": None, "env": env})

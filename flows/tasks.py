@@ -223,7 +223,9 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
-                result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None))
+                # The first attempt starts from the planned backlog; a retry counts what is left.
+                result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
+                                        planned_backlog=None if attempts else rows)
         except RefusedToStart as e:
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:

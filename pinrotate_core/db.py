@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (at import, not in a worker's first task: 40 ms)
 from sqlalchemy.engine import make_url
 
 from .config import Settings, pinrotate_home

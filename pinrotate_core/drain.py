@@ -49,6 +49,8 @@ STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was ex
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
 SCAN_ROWS = 5000
+SAMPLE_ROWS = 50_000  # stale rows whose ids a shard plan sorts, at most (see Drain._range_bounds)
+MIN_SAMPLE_PER_RANGE = 100  # a sample with fewer stale rows per range is not used
 MIN_BATCHES_PER_SHARD = 25
 HALT_POLL = 0.05  # seconds: how soon a reader waiting between batches sees its pass end
 
@@ -68,6 +70,9 @@ class DrainOptions:
     run_id: str = ""
     tenant: str | None = None  # only this tenant's rows (targets with a tenant column)
     id_range: tuple[Any, Any] = (None, None)  # a shard: ids in (lo, hi]; None = open end
+    # The backlog of id_range as counted when the shard was planned (split_backlog): the drain's
+    # backlog_before, not counted again. None or 0: the drain counts it.
+    planned_backlog: int | None = None
     lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
     statement_timeout: float = 30.0  # seconds one statement of a batch may run
     idle_timeout: float = 60.0  # seconds a batch transaction may sit between statements (then the server ends it)
@@ -381,15 +386,29 @@ class Drain:
         row = conn.execute(query, [*filter_params, *params]).fetchone()
         return [int(n) for n in row] if row else [0] * len(ranges)
 
-    def _range_bounds(self, conn: psycopg.Connection[Any], ranges: int) -> list[Any]:
+    def _range_bounds(self, conn: psycopg.Connection[Any], ranges: int, backlog: int) -> list[Any]:
         """Inner boundaries splitting the backlog's ids (within ``id_range``) into ``ranges`` ranges of
-        about equal row counts: quantiles of the id over the stale rows, one scan of the ids."""
+        about equal row counts: quantiles of the id over the stale rows. On a big backlog, the
+        quantiles of a sample of the table's pages (``TABLESAMPLE SYSTEM``) of about SAMPLE_ROWS
+        stale rows, so that a plan never sorts a huge table's ids; exact counts are taken apart."""
         if ranges <= 1:
             return []
         conds, params = self._range(*self.options.id_range)
+        fractions = [i / ranges for i in range(1, ranges)]
+        where = sql.SQL(" AND ").join([self._where, *conds])
+        if backlog > 2 * SAMPLE_ROWS:
+            query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) "
+                            "FROM {rel} TABLESAMPLE SYSTEM (%s) WHERE {where}").format(
+                id=self._id, rel=self.target.relation, where=where)
+            row = conn.execute(query, [fractions, 100.0 * SAMPLE_ROWS / backlog, *params]).fetchone()
+            sampled = int(row[0]) if row else 0
+            if row and sampled >= MIN_SAMPLE_PER_RANGE * ranges:  # else too few stale rows in the sample: all of them
+                log_event("shards_sampled", level=10, run_id=self.options.run_id or None, target=self.target.name,
+                          backlog=backlog, sampled=sampled, ranges=ranges)
+                return sorted({b for b in row[1] if b is not None})
         query = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {where}"
-                        ).format(id=self._id, rel=self.target.relation, where=sql.SQL(" AND ").join([self._where, *conds]))
-        row = conn.execute(query, [[i / ranges for i in range(1, ranges)], *params]).fetchone()
+                        ).format(id=self._id, rel=self.target.relation, where=where)
+        row = conn.execute(query, [fractions, *params]).fetchone()
         return sorted({b for b in (row[0] if row and row[0] else []) if b is not None})
 
     # -- one batch ---------------------------------------------------------------------------
@@ -644,8 +663,9 @@ class Drain:
             with raw_connection(self.engine) as conn:
                 if opts.dry_run:
                     conn.execute("SET default_transaction_read_only = on")
-                result.backlog_before = self.count_backlog(conn)
-                bounds = self._range_bounds(conn, opts.workers) if opts.workers > 1 and result.backlog_before else []
+                result.backlog_before = opts.planned_backlog or self.count_backlog(conn)
+                bounds = (self._range_bounds(conn, opts.workers, result.backlog_before)
+                          if opts.workers > 1 and result.backlog_before else [])
         except (psycopg.Error, DatabaseError) as e:
             result.stopped, result.retryable = STOP_DB_ERROR, True
             result.error = str(e) if isinstance(e, DatabaseError) else f"target {name}: {describe_db_error(e)}"
@@ -762,7 +782,7 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
             # A shard has fixed costs (connections, counts, filling and emptying the pipeline): below
             # MIN_BATCHES_PER_SHARD batches they outweigh what one more shard spreads.
             shards = min(shards, max(1, backlog // (MIN_BATCHES_PER_SHARD * options.batch_size)))
-            bounds = drain._range_bounds(conn, shards) if backlog > 1 else []
+            bounds = drain._range_bounds(conn, shards, backlog) if backlog > 1 else []
             ranges = list(zip([None, *bounds], [*bounds, None]))
             if len(ranges) == 1:
                 return [((None, None), backlog)]

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -251,9 +251,11 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
 
 def drain(ctx: RunContext, name: str, *, workers: int | None = None,
           on_batch: Callable[[BatchEvent], None] | None = None,
-          id_range: tuple[Any, Any] = (None, None)) -> DrainResult:
-    """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end)."""
-    return drain_target(ctx.engine, ctx.schemes[name], _drain_options(ctx, workers, on_batch, id_range))
+          id_range: tuple[Any, Any] = (None, None), planned_backlog: int | None = None) -> DrainResult:
+    """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end;
+    ``planned_backlog``: its backlog as ``plan_shards`` counted it, so the drain need not count again)."""
+    options = replace(_drain_options(ctx, workers, on_batch, id_range), planned_backlog=planned_backlog)
+    return drain_target(ctx.engine, ctx.schemes[name], options)
 
 
 def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callable[[BatchEvent], None] | None = None,

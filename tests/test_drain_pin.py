@@ -847,3 +847,40 @@ def _toml(raw: dict[str, Any]) -> str:
         else:
             lines.insert(0, f"{section} = {scalar(body)}")
     return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["exact-quantiles", "sampled-quantiles"])
+def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_all(
+        pin: PinDb, monkeypatch: pytest.MonkeyPatch, log_lines: list[str], sampled: bool) -> None:
+    # A big backlog's quantiles come from a page sample (TABLESAMPLE SYSTEM), a small one's from
+    # every stale id; either way the shards' exact counts add up to the backlog, and draining every
+    # shard leaves nothing behind.
+    import pinrotate_core.drain as drain_module
+
+    monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", 1)  # 16 batches of 100 may make 4 shards
+    if sampled:  # 1,600 stale persons > 2 x 400: the quantiles of a quarter of the table's pages
+        monkeypatch.setattr(drain_module, "SAMPLE_ROWS", 400)
+        monkeypatch.setattr(drain_module, "MIN_SAMPLE_PER_RANGE", 1)
+    summary = pin.seed(1600)
+    keyring = pin.make_key_2_current()
+    ctx = rotation.open_run(pin.settings(), run_id="shards")
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        shards = rotation.plan_shards(ctx, "Person", 4)
+        assert len(shards) == 4
+        bounds = [r for r, _ in shards]
+        assert bounds[0][0] is None and bounds[-1][1] is None
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # contiguous, none overlapping
+        assert any("event=shards_sampled" in line for line in log_lines) == sampled
+        counts = [n for _, n in shards]
+        assert sum(counts) == summary.persons
+        assert max(counts) < 2.5 * summary.persons / 4  # similar sizes, even from a sample
+        moved = sum(rotation.drain(ctx, "Person", workers=1, id_range=r, planned_backlog=n).reencrypted
+                    for r, n in shards)
+    finally:
+        ctx.close()
+    assert moved == summary.persons
+    person_versions = {row[0] for row in pin.conn.execute("SELECT DISTINCT key_version FROM profile.persons")}
+    assert person_versions == {2}
+    assert keyring.current == "2"
