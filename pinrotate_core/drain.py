@@ -349,7 +349,9 @@ class Drain:
         else:
             query = sql.SQL("SELECT count(*), count(*) FROM {rel} WHERE {where}").format(rel=self.target.relation,
                                                                                         where=where)
-        row = conn.execute(query, params).fetchone()
+        with conn.transaction():
+            _walk_the_range(conn, conds)
+            row = conn.execute(query, params).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def _count_values(self, conn: psycopg.Connection[Any], exclude: frozenset[str],
@@ -360,6 +362,7 @@ class Drain:
             id=self._id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=self.target.relation, where=where)
         stale = 0
         with conn.transaction(), conn.cursor(name="pinrotate_backlog") as cur:
+            _walk_the_range(conn, conds)
             cur.itersize = SCAN_ROWS
             cur.execute(query, params)
             for row in cur:
@@ -789,6 +792,15 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
             return list(zip(ranges, drain._count_ranges(conn, bounds)))
     except psycopg.Error as e:
         raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
+
+
+def _walk_the_range(conn: psycopg.Connection[Any], range_conditions: Sequence[sql.Composable]) -> None:
+    """In the open transaction: a count over part of the ids (a shard) walks the primary key over
+    that part, never the whole table. The planner would scan the whole table for a shard of a
+    quarter or an eighth of the ids, so that N shards would each read the whole table; by the index,
+    a shard's count costs in proportion to the shard, less than its drain's own reads."""
+    if range_conditions:
+        conn.execute("SET LOCAL enable_seqscan = off")
 
 
 _heap_lock = threading.Lock()
