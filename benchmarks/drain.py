@@ -13,7 +13,8 @@ same rows (the floor of writing the rows at all) and (b) a row-at-a-time loop on
 
 Every timed figure starts from the same table: the seeded rows, restored from a copy taken after
 seeding (same rows, same physical order, every row on key 1), vacuumed, and after a ``CHECKPOINT``,
-so that none inherits another's dead rows, free space, physical order or pending WAL. One untimed
+so that none inherits another's dead rows, free space, physical order or pending WAL (and no
+autovacuum of the table runs in the middle of one). One untimed
 drain warms the server first (a new server creates its WAL segment files as it goes; a running one
 recycles them). The figures are measured ``--repeat`` times in turns (drain, UPDATE, Dask, ...) and
 the median of each is printed, with the ratios of every round: on a shared 2-core machine a single
@@ -274,6 +275,9 @@ def main() -> int:
             conn.execute("VACUUM ANALYZE profile.persons")
             # The starting point of every figure (see the module docstring).
             conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
+            # restore() vacuums before every figure; an autovacuum waking in the middle of one
+            # figure (every 60 s, once a fifth of the rows are dead) would tax that figure alone.
+            conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
         provider.add_key()
         provider.promote("2")
         ring2 = provider.load_keyring()
