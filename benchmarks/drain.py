@@ -278,11 +278,12 @@ def main() -> int:
             # restore() vacuums before every figure; an autovacuum waking in the middle of one
             # figure (every 60 s, once a fifth of the rows are dead) would tax that figure alone.
             conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
+            server_version = conn.info.server_version
         provider.add_key()
         provider.promote("2")
         ring2 = provider.load_keyring()
         print(f"seeded {args.rows:,} persons in {seeded_s:.1f} s; PostgreSQL "
-              f"{psycopg.connect(url).info.server_version}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
+              f"{server_version}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
 
         settings = settings_from_mapping({"database": {"url": url}, "targets": [PERSON]})
         engine = make_engine(url, pool_size=3 * args.workers + 2)
