@@ -389,11 +389,18 @@ class Drain:
         row = conn.execute(query, [*filter_params, *params]).fetchone()
         return [int(n) for n in row] if row else [0] * len(ranges)
 
+    def _estimated_rows(self, conn: psycopg.Connection[Any]) -> int:
+        """The planner's estimate of the table's rows (pg_class.reltuples; 0 when never analyzed)."""
+        row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                           [self.target.relation.as_string(conn)]).fetchone()
+        return max(0, int(row[0])) if row and row[0] is not None else 0
+
     def _range_bounds(self, conn: psycopg.Connection[Any], ranges: int, backlog: int) -> list[Any]:
         """Inner boundaries splitting the backlog's ids (within ``id_range``) into ``ranges`` ranges of
-        about equal row counts: quantiles of the id over the stale rows. On a big backlog, the
-        quantiles of a sample of the table's pages (``TABLESAMPLE SYSTEM``) of about SAMPLE_ROWS
-        stale rows, so that a plan never sorts a huge table's ids; exact counts are taken apart."""
+        about equal row counts: quantiles of the id over the stale rows. When ``backlog`` (rows, or an
+        estimate of the table's rows) is big, the quantiles of a sample of the table's pages
+        (``TABLESAMPLE SYSTEM``) of about SAMPLE_ROWS rows, so that a plan never sorts a huge
+        table's ids; exact counts are taken apart."""
         if ranges <= 1:
             return []
         conds, params = self._range(*self.options.id_range)
@@ -775,23 +782,48 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
     """The stale, in-scope ids of a target as at most ``shards`` ranges ``(lo, hi]`` of similar row
     counts (quantiles of the id over the stale rows), each with its backlog; the outer ends are open,
     so rows that turn stale later still fall in a shard. One range when there is little or nothing to do.
+
+    One scan of the table in the common case: the quantiles come from a sample of its pages when it
+    is big (``Drain._range_bounds``, sized by the planner's estimate of its rows), and one scan counts
+    every range exactly; adjacent ranges are then merged until each holds at least
+    MIN_BATCHES_PER_SHARD batches.
     """
     drain = Drain(engine, scheme, options)
     try:
         with raw_connection(engine) as conn:
             if options.dry_run:
                 conn.execute("SET default_transaction_read_only = on")
-            backlog = drain.count_backlog(conn)
+            bounds = drain._range_bounds(conn, shards, drain._estimated_rows(conn)) if shards > 1 else []
+            if not bounds:
+                return [((None, None), drain.count_backlog(conn))]
+            counts = drain._count_ranges(conn, bounds)
             # A shard has fixed costs (connections, counts, filling and emptying the pipeline): below
             # MIN_BATCHES_PER_SHARD batches they outweigh what one more shard spreads.
-            shards = min(shards, max(1, backlog // (MIN_BATCHES_PER_SHARD * options.batch_size)))
-            bounds = drain._range_bounds(conn, shards, backlog) if backlog > 1 else []
-            ranges = list(zip([None, *bounds], [*bounds, None]))
-            if len(ranges) == 1:
-                return [((None, None), backlog)]
-            return list(zip(ranges, drain._count_ranges(conn, bounds)))
+            wanted = min(len(counts), max(1, sum(counts) // (MIN_BATCHES_PER_SHARD * options.batch_size)))
+            bounds, counts = _merge_ranges(bounds, counts, wanted)
+            return list(zip(zip([None, *bounds], [*bounds, None]), counts))
     except psycopg.Error as e:
         raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
+
+
+def _merge_ranges(bounds: Sequence[Any], counts: Sequence[int], wanted: int) -> tuple[list[Any], list[int]]:
+    """Adjacent ranges (``bounds`` between them, a count each) merged into ``wanted`` ranges of
+    similar counts; the counts add up, so they stay exact."""
+    if wanted >= len(counts):
+        return list(bounds), list(counts)
+    total = sum(counts)
+    kept: list[Any] = []
+    merged: list[int] = []
+    acc = run = 0
+    for i, n in enumerate(counts):
+        acc += n
+        run += n
+        if i < len(bounds) and len(kept) < wanted - 1 and acc >= (len(kept) + 1) * total / wanted:
+            kept.append(bounds[i])
+            merged.append(run)
+            run = 0
+    merged.append(run)
+    return kept, merged
 
 
 def _walk_the_range(conn: psycopg.Connection[Any], range_conditions: Sequence[sql.Composable]) -> None:

@@ -849,16 +849,19 @@ def _toml(raw: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["exact-quantiles", "sampled-quantiles"])
+@pytest.mark.parametrize(("sampled", "asked", "min_batches"), [(False, 4, 1), (True, 4, 1), (True, 8, 4)],
+                         ids=["exact-quantiles", "sampled-quantiles", "merged-to-4"])
 def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_all(
-        pin: PinDb, monkeypatch: pytest.MonkeyPatch, log_lines: list[str], sampled: bool) -> None:
+        pin: PinDb, monkeypatch: pytest.MonkeyPatch, log_lines: list[str], sampled: bool, asked: int,
+        min_batches: int) -> None:
     # A big backlog's quantiles come from a page sample (TABLESAMPLE SYSTEM), a small one's from
     # every stale id; either way the shards' exact counts add up to the backlog, and draining every
     # shard leaves nothing behind.
     import pinrotate_core.drain as drain_module
 
-    monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", 1)  # 16 batches of 100 may make 4 shards
-    if sampled:  # 1,600 stale persons > 2 x 400: the quantiles of a quarter of the table's pages
+    # 16 batches of 100: at least 1 batch a shard allows the 4 or 8 shards asked, at least 4 merges 8 into 4.
+    monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", min_batches)
+    if sampled:  # 1,600 persons > 2 x 400: the quantiles of a quarter of the table's pages
         monkeypatch.setattr(drain_module, "SAMPLE_ROWS", 400)
         monkeypatch.setattr(drain_module, "MIN_SAMPLE_PER_RANGE", 1)
     summary = pin.seed(1600)
@@ -867,7 +870,9 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
     try:
         rotation.read_current_key(ctx, announce=False)
         rotation.resolve_all(ctx)
-        shards = rotation.plan_shards(ctx, "Person", 4)
+        # Analyzed, as autovacuum would have: the sample is sized by the planner's estimate of the rows.
+        pin.conn.execute("ANALYZE profile.persons")
+        shards = rotation.plan_shards(ctx, "Person", asked)
         assert len(shards) == 4
         bounds = [r for r, _ in shards]
         assert bounds[0][0] is None and bounds[-1][1] is None
@@ -884,3 +889,13 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
     person_versions = {row[0] for row in pin.conn.execute("SELECT DISTINCT key_version FROM profile.persons")}
     assert person_versions == {2}
     assert keyring.current == "2"
+
+
+def test_merging_adjacent_ranges_keeps_exact_counts_and_balances_them() -> None:
+    from pinrotate_core.drain import _merge_ranges
+
+    assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 4) == (["b", "d", "f"], [10, 10, 10, 10])
+    assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 2) == (["d"], [20, 20])
+    assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 1) == ([], [40])
+    bounds, counts = _merge_ranges(list(range(1, 8)), [5, 1, 1, 1, 5, 1, 1, 1], 3)
+    assert sum(counts) == 16 and len(counts) == 3 and len(bounds) == 2 and bounds == sorted(bounds)
