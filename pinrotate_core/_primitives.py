@@ -49,9 +49,9 @@ class AesGcm:
     def reencrypt_many(self, target: AesGcm, blobs: Sequence[bytes | None]) -> tuple[list[bytes | None], list[int]]:
         """Decrypt ``blobs`` under this key and encrypt each under ``target`` with a fresh random
         nonce, decrypting every result again to prove it reads back as the same plaintext: (new
-        values, positions that did not decrypt). None stays None; a
-        position that did not decrypt gets None too. Raises VerificationFailed if a new value does
-        not read back. The loop is the drain's hot path: the per-value work is the three AEAD calls."""
+        values, positions that did not decrypt). None stays None; a position that did not decrypt
+        gets None too. Raises VerificationFailed if a new value does not read back. The loop is the
+        drain's hot path: the per-value work is the three AEAD calls."""
         nonces = os.urandom(NONCE_LEN * len(blobs))
         decrypt = self._aead.decrypt
         encrypt = target._aead.encrypt

@@ -373,10 +373,9 @@ class Drain:
     def _count_ranges(self, conn: psycopg.Connection[Any], bounds: Sequence[Any]) -> list[int]:
         """The backlog of each range that ``bounds`` cut ``id_range`` into; one scan for row counts."""
         lo, hi = self.options.id_range
-        ranges = list(zip([lo, *bounds], [*bounds, hi]))
         if self.scheme.counts_values:
-            return [self.count_backlog(conn, id_range=r) for r in ranges]
-        conds, params = self._range(lo, hi)
+            return [self.count_backlog(conn, id_range=r) for r in zip([lo, *bounds], [*bounds, hi])]
+        conds, params = self._range(lo, hi)  # the outer ends; each FILTER below cuts between bounds
         filters: list[sql.Composable] = []
         filter_params: list[Any] = []
         for a, b in zip([None, *bounds], [*bounds, None]):
@@ -387,7 +386,7 @@ class Drain:
             counts=sql.SQL(", ").join(filters), rel=self.target.relation,
             where=sql.SQL(" AND ").join([self._where, *conds]))
         row = conn.execute(query, [*filter_params, *params]).fetchone()
-        return [int(n) for n in row] if row else [0] * len(ranges)
+        return [int(n) for n in row] if row else [0] * (len(bounds) + 1)
 
     def _estimated_rows(self, conn: psycopg.Connection[Any]) -> int:
         """The planner's estimate of the table's rows (pg_class.reltuples; 0 when never analyzed)."""
