@@ -354,6 +354,12 @@ class Drain:
             row = conn.execute(query, params).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
+    def _count_left(self, conn: psycopg.Connection[Any], failed: frozenset[str]) -> tuple[int, int]:
+        """The backlog (all of it, and without the rows that failed): one scan for row counts."""
+        if not self.scheme.counts_values:
+            return self._count_rows(conn, failed)
+        return self._count_values(conn, frozenset(), None), self._count_values(conn, failed, None)
+
     def _count_values(self, conn: psycopg.Connection[Any], exclude: frozenset[str],
                       id_range: tuple[Any, Any] | None) -> int:
         conds, params = self._range(*(id_range or self.options.id_range))
@@ -700,7 +706,7 @@ class Drain:
             sweeps = 0
             while reason is None and self._locks and sweeps < MAX_SWEEPS:
                 with raw_connection(self.engine) as conn:
-                    left, unfailed = self._count_rows(conn, self.tally.failed_ids())
+                    left, unfailed = self._count_left(conn, self.tally.failed_ids())
                 remaining = left  # the backlog now, unless a sweep moves something
                 if not unfailed:
                     break
