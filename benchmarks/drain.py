@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows import presets
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
-from pinrotate_core.drain import DrainOptions, drain_target
+from pinrotate_core.drain import DrainOptions, drain_target, split_backlog
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes import build_scheme
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -129,14 +129,10 @@ def _parallel_run(url: str, keys_path: str, batch_size: int, id_range: tuple[Any
     engine.dispose()
 
 
-def parallel_runs(url: str, keys_path: str, batch_size: int, processes: int) -> tuple[int, float, Cpu]:
-    """``processes`` plain processes at once, each on its own id range (as the Dask shards are, but
-    without Dask), started and connected before the clock; (rows, seconds, CPU)."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY id) FROM profile.persons",
-                           [[i / processes for i in range(1, processes)]]).fetchone()
-    bounds = list(row[0]) if row and row[0] else []
-    ranges = list(zip([None, *bounds], [*bounds, None]))
+def parallel_runs(url: str, keys_path: str, batch_size: int,
+                  ranges: list[tuple[Any, Any]]) -> tuple[int, float, Cpu]:
+    """One plain process per id range at once (the Dask shards without Dask), started and connected
+    before the clock; (rows, seconds, CPU)."""
     ctx = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue[tuple[int, float]] = ctx.Queue()
     ready = ctx.Barrier(len(ranges) + 1)
@@ -332,6 +328,7 @@ def main() -> int:
         cpus: dict[str, list[Cpu]] = {"drain": [], "update": [], "dask": [], "processes": []}
         peak_kb = 0
         worker_peaks: dict[str, int] = {}
+        plain = 0
         last = (0, 0.0)
         for round_no in range(1, args.repeat + 1):
             moved, secs, peak, cpu = single()
@@ -353,10 +350,13 @@ def main() -> int:
                          f"{dasks[-1] / updates[-1]:.2f} of the UPDATE")
             if args.processes:
                 restore()
-                moved, secs, cpu = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, args.processes)
+                ranges = [r for r, _ in split_backlog(engine, build_scheme(target, ring2, settings.keys), options,
+                                                      args.processes)]  # planned before the clock
+                moved, secs, cpu = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, ranges)
                 parallels.append(moved / secs)
                 cpus["processes"].append(cpu)
-                line += f", {args.processes} plain processes {parallels[-1]:,.0f} rows/s"
+                plain = len(ranges)  # fewer than asked on a small backlog: a range is at least 25 batches
+                line += f", {plain} plain processes {parallels[-1]:,.0f} rows/s"
             print(line, flush=True)
 
         drain_rate, update_rate = statistics.median(drains), statistics.median(updates)
@@ -365,7 +365,7 @@ def main() -> int:
         print(f"peak RSS during the drain: {peak_kb / 1024:.1f} MiB")
         if args.processes:
             rate = statistics.median(parallels)
-            print(f"{args.processes} plain processes on id ranges: {args.rows:,} rows in {args.rows / rate:.2f} s = "
+            print(f"{plain} plain processes on id ranges: {args.rows:,} rows in {args.rows / rate:.2f} s = "
                   f"{rate:,.0f} rows/s; vs one process = {rate / drain_rate:.2f}x; / UPDATE = {rate / update_rate:.2f}")
         if args.dask:
             rate = statistics.median(dasks)
@@ -395,12 +395,11 @@ def main() -> int:
         if cpus["dask"]:
             print(f"CPU, dask: {median_cpu('dask').per_row(args.rows)}")
         if cpus["processes"]:
-            print(f"CPU, {args.processes} plain processes: {median_cpu('processes').per_row(args.rows)}")
+            print(f"CPU, {plain} plain processes: {median_cpu('processes').per_row(args.rows)}")
         print(f"CPU, in-database UPDATE: {median_cpu('update').per_row(args.rows)}")
+        cap = cores / (drain_cpu.busy / args.rows)
         print(f"at the drain's CPU per row, {cores} cores (PostgreSQL's included) cap any number of drain processes "
-              f"at about {cores / (drain_cpu.busy / args.rows):,.0f} rows/s = "
-              f"{cores / (drain_cpu.busy / args.rows) / drain_rate:.2f}x one process, "
-              f"{cores / (drain_cpu.busy / args.rows) / update_rate:.2f} of the UPDATE")
+              f"at about {cap:,.0f} rows/s = {cap / drain_rate:.2f}x one process, {cap / update_rate:.2f} of the UPDATE")
         print(f"row-at-a-time loop (sample {min(args.sample, args.rows):,}): {loop_rate:,.0f} rows/s; "
               f"drain / loop = {drain_rate / loop_rate:.1f}x")
         if args.transit:
