@@ -881,6 +881,8 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
         counts = [n for _, n in shards]
         assert sum(counts) == summary.persons
         assert max(counts) < 2.5 * summary.persons / 4  # similar sizes, even from a sample
+        if not sampled:  # exact quantiles: within a batch of the fair share
+            assert max(counts) - min(counts) <= 100, counts
         moved = sum(rotation.drain(ctx, "Person", workers=1, id_range=r, planned_backlog=n).reencrypted
                     for r, n in shards)
     finally:
@@ -899,3 +901,14 @@ def test_merging_adjacent_ranges_keeps_exact_counts_and_balances_them() -> None:
     assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 1) == ([], [40])
     bounds, counts = _merge_ranges(list(range(1, 8)), [5, 1, 1, 1, 5, 1, 1, 1], 3)
     assert sum(counts) == 16 and len(counts) == 3 and len(bounds) == 2 and bounds == sorted(bounds)
+    # Exact quantiles give ranges a few rows either side of equal: a cut goes at the boundary
+    # nearest its share, so eight ranges of about 25,000 make four of about 50,000, never
+    # 75k + 50k + 50k + 25k (one of two workers idle for a quarter of the run).
+    counts8 = [24_990, 25_010, 24_980, 25_020, 24_995, 25_005, 24_999, 25_001]
+    bounds, counts = _merge_ranges(list(range(1, 8)), counts8, 4)
+    assert bounds == [2, 4, 6] and counts == [50_000, 50_000, 50_000, 50_000]
+    bounds, counts = _merge_ranges(list(range(1, 8)), [25_010, 24_990, *counts8[2:]], 4)
+    assert bounds == [2, 4, 6] and counts == [50_000, 50_000, 50_000, 50_000]
+    # Every range left must become a shard of its own: the cuts still come out as many as wanted.
+    assert _merge_ranges(["b", "d", "f"], [1, 1, 1, 97], 3) == (["d", "f"], [2, 1, 97])
+    assert _merge_ranges(["b", "d", "f"], [97, 1, 1, 1], 3) == (["b", "d"], [97, 1, 2])
