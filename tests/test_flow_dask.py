@@ -165,3 +165,43 @@ def test_sigterm_stops_the_drains_in_worker_processes_between_batches_with_exit_
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(doc["run_id"]).state
     assert state is not None and state.is_cancelled()
+
+
+def _worker_settings() -> dict[str, Any]:
+    import dask
+
+    keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval",
+            "distributed.worker.memory.monitor-interval", "distributed.worker.profile.enabled")
+    return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            **{key: dask.config.get(key) for key in keys}}
+
+
+def test_a_local_clusters_worker_processes_get_the_drain_friendly_settings() -> None:
+    # The local cluster's own timers and glibc's eager trimming competed with the drain for the same
+    # cores (flows/runtime.py, LOCAL_WORKER_CONFIG): they must reach the worker processes, which a
+    # nanny starts with a copy of this process's Dask configuration.
+    import copy
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from flows.runtime import LOCAL_WORKER_CONFIG, task_runner
+    from pinrotate_core.config import settings_from_mapping
+
+    settings = settings_from_mapping({"database": {"url": "postgresql://unused@localhost/x"},
+                                      "job": {"task_runner": "dask", "max_degree_of_parallelism": 1},
+                                      "targets": [{"name": "T", "table": "t", "columns": ["c"], "key_version": "kv"}]})
+    saved = copy.deepcopy(dask.config.config)  # task_runner configures the whole process: undone below
+    try:
+        runner = task_runner(settings, None)
+        with LocalCluster(**{**runner.cluster_kwargs, "n_workers": 1}) as cluster, Client(cluster) as client:
+            (seen,) = client.run(_worker_settings).values()
+            (pid,) = client.run(os.getpid).values()
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+    assert pid != os.getpid()  # a worker process, not a thread of this one
+    trim = LOCAL_WORKER_CONFIG["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"]
+    assert seen == {"MALLOC_TRIM_THRESHOLD_": str(trim), "distributed.admin.tick.interval": "1s",
+                    "distributed.admin.system-monitor.interval": "10s",
+                    "distributed.worker.memory.monitor-interval": "2s", "distributed.worker.profile.enabled": False}
