@@ -18,7 +18,8 @@ autovacuum of the table runs in the middle of one). One untimed
 drain warms the server first (a new server creates its WAL segment files as it goes; a running one
 recycles them). The figures are measured ``--repeat`` times in turns (drain, UPDATE, Dask, ...) and
 the median of each is printed, with the ratios of every round: on a shared 2-core machine a single
-round says little.
+round says little. With ``--dask`` it also prints Dask's fixed costs in seconds of worker time:
+planning the shards, opening the run in each shard, and workers done while another still drains.
 """
 
 from __future__ import annotations
@@ -150,23 +151,54 @@ def parallel_runs(url: str, keys_path: str, batch_size: int,
     return sum(m for m, _ in results), secs, cpu
 
 
-def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int) -> tuple[int, int]:
-    """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS in KiB)."""
+@dataclass
+class ShardTimes:
+    """Where one shard's time went, in seconds since the run's clock started (one machine's clock)."""
+
+    worker: int  # the worker process's pid
+    started: float
+    draining: float  # the run opened, the key read, the target resolved: the drain begins
+    ended: float
+
+
+def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int,
+                clock: float) -> tuple[int, int, ShardTimes]:
+    """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS
+    in KiB, its times against ``clock``, the run's ``time.time()`` at its start)."""
     from pinrotate_core import rotation
 
+    started = time.time() - clock
     ctx = rotation.open_run(settings_from_mapping(raw), run_id="benchmark")
     try:
         rotation.read_current_key(ctx, announce=False)
         rotation.resolve_all(ctx)
+        draining = time.time() - clock
         moved = rotation.drain(ctx, "Person", workers=1, id_range=id_range, planned_backlog=rows).reencrypted
     finally:
         ctx.close()
-    return moved, _peak_rss_kb()
+    return moved, _peak_rss_kb(), ShardTimes(os.getpid(), started, draining, time.time() - clock)
 
 
-def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str, int], Cpu]:
+@dataclass
+class DaskCosts:
+    """Dask's fixed costs in one run, in seconds of worker time (processes x seconds)."""
+
+    planning: float  # before the first shard could start: every worker waits
+    setup: float  # opening the run in each shard, before its drain
+    idle_at_end: float  # workers done while another still drains its last shard
+
+    @classmethod
+    def of(cls, times: list[ShardTimes], planned: float, processes: int, secs: float) -> DaskCosts:
+        last: dict[int, float] = {}
+        for t in times:
+            last[t.worker] = max(last.get(t.worker, 0.0), t.ended)
+        idle = sum(secs - end for end in last.values()) + secs * (processes - len(last))
+        return cls(planned * processes, sum(t.draining - t.started for t in times), idle)
+
+
+def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str, int], Cpu, DaskCosts]:
     """Shards (4 per process) on a local Dask cluster of ``processes`` one-thread worker processes,
-    the cluster started before the clock; (rows, seconds, peak RSS KiB per worker, CPU)."""
+    the cluster started before the clock; (rows, seconds, peak RSS KiB per worker, CPU, fixed costs)."""
     import logging
 
     import dask
@@ -191,18 +223,20 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
             # and includes planning the shards.
             workers_before = sum(client.run(own_cpu_seconds).values())
             busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
-            started = time.perf_counter()
+            started, clock = time.perf_counter(), time.time()
             shards = rotation.plan_shards(ctx, "Person", 4 * processes)
+            planned = time.perf_counter() - started
         finally:
             ctx.close()
-        futures = [client.submit(_dask_shard, raw, r, rows, pure=False) for r, rows in shards]
-        moved = sum(future.result()[0] for future in futures)
+        futures = [client.submit(_dask_shard, raw, r, rows, clock, pure=False) for r, rows in shards]
+        results = [future.result() for future in futures]
         secs = time.perf_counter() - started
         driver = own_cpu_seconds() - own_before
         cpu = Cpu(busy_cpu_seconds() - busy_before, driver + sum(client.run(own_cpu_seconds).values()) - workers_before,
                   driver)
         peaks = client.run(_peak_rss_kb)  # each worker process's peak since it started
-    return moved, secs, {str(k): int(v) for k, v in peaks.items()}, cpu
+    costs = DaskCosts.of([t for _, _, t in results], planned, processes, secs)
+    return sum(m for m, _, _ in results), secs, {str(k): int(v) for k, v in peaks.items()}, cpu, costs
 
 
 def _warm_worker() -> None:
@@ -328,6 +362,7 @@ def main() -> int:
         cpus: dict[str, list[Cpu]] = {"drain": [], "update": [], "dask": [], "processes": []}
         peak_kb = 0
         worker_peaks: dict[str, int] = {}
+        dask_costs: list[tuple[DaskCosts, float]] = []
         plain = 0
         last = (0, 0.0)
         for round_no in range(1, args.repeat + 1):
@@ -343,8 +378,9 @@ def main() -> int:
                     f"in-database UPDATE {updates[-1]:,.0f} rows/s")
             if args.dask:
                 restore()
-                moved, secs, worker_peaks, cpu = dask_run(raw, args.dask)
+                moved, secs, worker_peaks, cpu, costs = dask_run(raw, args.dask)
                 dasks.append(moved / secs)
+                dask_costs.append((costs, secs))
                 cpus["dask"].append(cpu)
                 line += (f", dask {dasks[-1]:,.0f} rows/s = {dasks[-1] / drains[-1]:.2f}x the drain, "
                          f"{dasks[-1] / updates[-1]:.2f} of the UPDATE")
@@ -372,6 +408,11 @@ def main() -> int:
             print(f"dask, {args.dask} processes: {args.rows:,} rows in {args.rows / rate:.2f} s = {rate:,.0f} rows/s; "
                   f"vs one process = {rate / drain_rate:.2f}x; dask / UPDATE = {rate / update_rate:.2f} (medians)")
             print("peak RSS per Dask worker: " + ", ".join(f"{kb / 1024:.1f} MiB" for kb in worker_peaks.values()))
+            worker_s = statistics.median(args.dask * secs for _, secs in dask_costs)
+            print(f"dask, fixed costs (medians, seconds of worker time of {worker_s:.1f}): planning the shards "
+                  f"{statistics.median(c.planning for c, _ in dask_costs):.2f}, opening the run in each shard "
+                  f"{statistics.median(c.setup for c, _ in dask_costs):.2f}, workers done while another drains "
+                  f"{statistics.median(c.idle_at_end for c, _ in dask_costs):.2f}")
         restore()
         provider.add_key()  # a new key, not current: the loop writes it by hand
         ring_now = FileKeyProvider(sandbox / "keys.toml").load_keyring()
