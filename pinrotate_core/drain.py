@@ -342,17 +342,16 @@ class Drain:
         """Stale rows in scope: (all of them, those whose id is not in ``exclude``), in one scan."""
         conds, params = self._range(*(id_range or self.options.id_range))
         where = sql.SQL(" AND ").join([self._where, *conds])
+        unfailed: sql.Composable = sql.SQL("")  # without exclude, the one count serves as both
         if exclude:
-            query = sql.SQL("SELECT count(*), count(*) FILTER (WHERE NOT ({id}::text = ANY(%s))) FROM {rel} WHERE {where}"
-                            ).format(id=self._id, rel=self.target.relation, where=where)
+            unfailed = sql.SQL(", count(*) FILTER (WHERE NOT ({}::text = ANY(%s)))").format(self._id)
             params.insert(0, list(exclude))
-        else:
-            query = sql.SQL("SELECT count(*), count(*) FROM {rel} WHERE {where}").format(rel=self.target.relation,
-                                                                                        where=where)
+        query = sql.SQL("SELECT count(*){unfailed} FROM {rel} WHERE {where}").format(
+            unfailed=unfailed, rel=self.target.relation, where=where)
         with conn.transaction():
             _walk_the_range(conn, conds)
             row = conn.execute(query, params).fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
+        return (int(row[0]), int(row[-1])) if row else (0, 0)
 
     def _count_left(self, conn: psycopg.Connection[Any], failed: frozenset[str]) -> tuple[int, int]:
         """The backlog (all of it, and without the rows that failed): one scan for row counts."""
@@ -410,21 +409,24 @@ class Drain:
             return []
         conds, params = self._range(*self.options.id_range)
         fractions = [i / ranges for i in range(1, ranges)]
-        where = sql.SQL(" AND ").join([self._where, *conds])
-        if backlog > 2 * SAMPLE_ROWS:
+
+        def quantiles(sample_percent: float | None) -> tuple[int, list[Any]]:
+            """(stale rows seen, the inner boundaries) over the whole table, or a page sample of it."""
+            sample = sql.SQL(" TABLESAMPLE SYSTEM (%s)") if sample_percent else sql.SQL("")
             query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) "
-                            "FROM {rel} TABLESAMPLE SYSTEM (%s) WHERE {where}").format(
-                id=self._id, rel=self.target.relation, where=where)
-            row = conn.execute(query, [fractions, 100.0 * SAMPLE_ROWS / backlog, *params]).fetchone()
-            sampled = int(row[0]) if row else 0
-            if row and sampled >= MIN_SAMPLE_PER_RANGE * ranges:  # else too few stale rows in the sample: all of them
+                            "FROM {rel}{sample} WHERE {where}").format(
+                id=self._id, rel=self.target.relation, sample=sample,
+                where=sql.SQL(" AND ").join([self._where, *conds]))
+            row = conn.execute(query, [fractions, *([sample_percent] if sample_percent else []), *params]).fetchone()
+            return (int(row[0]), sorted({b for b in row[1] or [] if b is not None})) if row else (0, [])
+
+        if backlog > 2 * SAMPLE_ROWS:
+            sampled, bounds = quantiles(100.0 * SAMPLE_ROWS / backlog)
+            if sampled >= MIN_SAMPLE_PER_RANGE * ranges:  # else too few stale rows in the sample: all of them
                 log_event("shards_sampled", level=10, run_id=self.options.run_id or None, target=self.target.name,
                           backlog=backlog, sampled=sampled, ranges=ranges)
-                return sorted({b for b in row[1] if b is not None})
-        query = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) FROM {rel} WHERE {where}"
-                        ).format(id=self._id, rel=self.target.relation, where=where)
-        row = conn.execute(query, [fractions, *params]).fetchone()
-        return sorted({b for b in (row[0] if row and row[0] else []) if b is not None})
+                return bounds
+        return quantiles(None)[1]
 
     # -- one batch ---------------------------------------------------------------------------
 
