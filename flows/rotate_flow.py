@@ -109,7 +109,10 @@ class ShardDrains:
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
 
     def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
-        for s in self.shards:
+        """Largest planned backlog first, over every target (longest-processing-time first): the
+        runner starts them in this order, so the small shards fill in at the end, and no worker is
+        left waiting on one big shard that started last while the others have nothing to do."""
+        for s in sorted(self.shards, key=lambda s: s.rows, reverse=True):  # stable: plan order among equals
             if stop.is_set():
                 break  # cancelled while submitting: the rest stays for the next run
             params = {"spec": self.spec, "target": s.target, "shard": s.shard, "id_range": s.id_range, "rows": s.rows}

@@ -75,6 +75,32 @@ def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, 
     assert "OPEN" in by_type["markdown"][0].data
 
 
+def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_configured_in(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.rotate import pinrotate_rotate
+
+    # One worker: the shards run one after another, in the order they were submitted.
+    profile = seed_profile(primary_database_url, tmp_path, rows=400, batch_size=50, inter_batch_delay=0,
+                           max_degree_of_parallelism=1)
+    head, *blocks = profile.config_path.read_text(encoding="utf-8").split("\n[[targets]]")
+    profile.config_path.write_text("\n[[targets]]".join([head, *reversed(blocks)]), encoding="utf-8")
+    report = pinrotate_rotate(config_path=str(profile.config_path))
+    assert report["exit_code"] == 0
+    assert list(report["targets"]) == ["VerificationRequest", "RequisiteTemplate", "PersonDocument", "Person"]
+    backlog = {name: t["reencrypted"] + t["failed"] + t["backlog_remaining"]
+               for name, t in report["targets"].items()}
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[report["run_id"]])))
+    drains = sorted((r for r in runs if r.name.startswith("drain-")), key=lambda r: r.start_time or r.expected_start_time)
+    started = [r.name.split("-")[1] for r in drains]
+    assert sorted(started) == sorted(backlog)  # one shard each: 8 batches or fewer per target
+    assert [backlog[name] for name in started] == sorted(backlog.values(), reverse=True), started
+    assert started[0] == "Person" and backlog["Person"] == 400
+
+
 def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_api: str, primary_database_url: str,
                                                                       tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=120, batch_size=40, inter_batch_delay=0)
