@@ -59,7 +59,10 @@ SHARDS_PER_WORKER = 4  # more shards than workers, so that one slow shard does n
 quiet_fail_closed_tracebacks()
 
 
-@flow(name=FLOW_NAME, persist_result=False, log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))
+# The flow's own tasks (the plan, verify, the gate report) run on threads of the flow's process; the
+# drains have a runner of their own (flows.runtime.task_runner). Prefect types the parameter invariant.
+@flow(name=FLOW_NAME, persist_result=False, log_prints=False,
+      task_runner=ThreadPoolTaskRunner[Any](max_workers=4))  # type: ignore[arg-type]
 def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targets: list[str] | None = None,
                      tenant: str | None = None, expected_key_version: str | None = None) -> Any:
     """One rotation run. Parameters name things only: no key, value or secret is ever a parameter."""
@@ -181,12 +184,16 @@ def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> 
 
 def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> Any:
     settings = ctx.settings
-    plan = plan_shards(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
-    progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
-    drains = ShardDrains(spec, plan, progress)
-    with task_runner(settings, api_url()) as runner, operator_watch(progress, settings.job.throttle_variable):
-        drains.submit(runner, stop)
-        drains.collect(stop)
+    # The plan is made while the drains' runner starts (a local Dask cluster spawning and importing
+    # its worker processes takes seconds; the plan of a big table, a sample and a counting scan, too).
+    planning = plan_shards.submit(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
+    with task_runner(settings, api_url()) as runner:
+        plan = planning.result()
+        progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
+        drains = ShardDrains(spec, plan, progress)
+        with operator_watch(progress, settings.job.throttle_variable):
+            drains.submit(runner, stop)
+            drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())

@@ -25,7 +25,7 @@ class KeyProvider(Protocol):
 
 
 @runtime_checkable
-class KeyringAdmin(Protocol):
+class KeyringAdmin(KeyProvider, Protocol):
     """Providers whose keyring pinrotate may change: add a key read-only first, promote it later."""
 
     def add_key(self, key_id: str | None = None) -> str: ...
