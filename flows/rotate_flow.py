@@ -25,12 +25,14 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows import reports
 from flows.runtime import (
+    ClusterUnavailable,
     RunFailedClosed,
     RunProgress,
     api_url,
     cancellation_watch,
     quiet_fail_closed_tracebacks,
     sigterm_cancels,
+    start_workers,
     task_runner,
 )
 from flows.tasks import (
@@ -188,6 +190,7 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
     # its worker processes takes seconds; the plan of a big table, a sample and a counting scan, too).
     planning = plan_shards.submit(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
     with task_runner(settings, api_url()) as runner:
+        start_workers(runner)
         plan = planning.result()
         progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
         drains = ShardDrains(spec, plan, progress)
@@ -240,7 +243,7 @@ def run_flow(**params: Any) -> RunOutcome:
         return RunOutcome(int(data["exit_code"]), data, state=state)
     if isinstance(data, ConfigError):
         return RunOutcome(rotation.EXIT_CONFIG, error=str(data), state=state)
-    if isinstance(data, (KeyUnavailable, DatabaseError)):
+    if isinstance(data, (KeyUnavailable, DatabaseError, ClusterUnavailable)):
         return RunOutcome(rotation.EXIT_FAIL_CLOSED, error=str(data), state=state)
     if isinstance(data, PinrotateError):
         return RunOutcome(rotation.EXIT_UNEXPECTED, error=str(data), state=state)

@@ -48,6 +48,8 @@ LOCAL_WORKER_CONFIG: dict[str, Any] = {
     "distributed.admin.system-monitor.interval": "10s",
     "distributed.worker.memory.monitor-interval": "2s",
     "distributed.scheduler.work-stealing-interval": "1s",
+    # No traceback on the terminal when the run closes its cluster (see flows/dask_worker.py).
+    "distributed.worker.preload": ["flows.dask_worker"],
 }
 
 
@@ -76,6 +78,23 @@ def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": job.max_degree_of_parallelism, "threads_per_worker": 1, "processes": True,
         "dashboard_address": None, "env": env})
+
+
+def start_workers(runner: TaskRunner[Any]) -> None:
+    """Start the runner's local Dask cluster, or connect to the existing one, now: prefect-dask
+    does it on the first submit, and the flow calls this while the shards are being planned, so
+    that spawning the worker processes and the plan overlap. Threads need nothing."""
+    if isinstance(runner, ThreadPoolTaskRunner):
+        return
+    from prefect_dask.task_runners import DaskTaskRunner
+
+    if isinstance(runner, DaskTaskRunner):
+        try:
+            _ = runner.client  # the property creates the cluster (or connects) and the client
+        except OSError as e:  # refused, timed out, no such host (TimeoutError is an OSError)
+            where = f"the Dask scheduler at {runner.address} ([job] dask_address)" if runner.address else \
+                "a local Dask cluster"
+            raise ClusterUnavailable(f"cannot connect to {where}: {e}") from None
 
 
 def api_url() -> str | None:
@@ -224,14 +243,24 @@ class RunFailedClosed(PinrotateError):
         return (type(self), (str(self), self.report))
 
 
+class ClusterUnavailable(PinrotateError):
+    """The Dask cluster cannot be reached (``[job] dask_address``) or started: exit code 4, as for a
+    database or key provider that cannot be reached; nothing was drained."""
+
+
 class _NoTracebackForFailClosed(logging.Filter):
     """A fail-closed stop is an outcome, not a crash: Prefect's engine logs every Failed flow run as
-    an "unexpected exception" with a traceback; for ours it logs the one-line summary instead."""
+    an "unexpected exception" with a traceback; for ours it logs the one-line summary instead, and
+    for an error pinrotate raised on purpose (a cluster, database or key provider that cannot be
+    reached, say) its one-line message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, RunFailedClosed):
             record.msg, record.args = "pinrotate run ended Failed: stopped fail-closed: %s", (str(exc),)
+            record.exc_info, record.exc_text = None, None
+        elif isinstance(exc, PinrotateError):
+            record.msg, record.args = "pinrotate run ended Failed: %s", (str(exc),)
             record.exc_info, record.exc_text = None, None
         return True
 
