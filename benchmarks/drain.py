@@ -161,7 +161,7 @@ class ShardTimes:
     ended: float
 
 
-def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int,
+def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int | None,
                 clock: float) -> tuple[int, int, ShardTimes]:
     """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS
     in KiB, its times against ``clock``, the run's ``time.time()`` at its start)."""
@@ -228,7 +228,9 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
             planned = time.perf_counter() - started
         finally:
             ctx.close()
-        futures = [client.submit(_dask_shard, raw, r, rows, clock, pure=False) for r, rows in shards]
+        # As the flow's drain task: a backlog estimated from a sample is counted by the shard itself.
+        futures = [client.submit(_dask_shard, raw, s.id_range, s.rows if s.exact else None, clock, pure=False)
+                   for s in shards]
         results = [future.result() for future in futures]
         secs = time.perf_counter() - started
         driver = own_cpu_seconds() - own_before
@@ -386,8 +388,8 @@ def main() -> int:
                          f"{dasks[-1] / updates[-1]:.2f} of the UPDATE")
             if args.processes:
                 restore()
-                ranges = [r for r, _ in split_backlog(engine, build_scheme(target, ring2, settings.keys), options,
-                                                      args.processes)]  # planned before the clock
+                scheme = build_scheme(target, ring2, settings.keys)
+                ranges = [s.id_range for s in split_backlog(engine, scheme, options, args.processes)]  # before the clock
                 moved, secs, cpu = parallel_runs(url, str(sandbox / "keys.toml"), args.batch_size, ranges)
                 parallels.append(moved / secs)
                 cpus["processes"].append(cpu)

@@ -99,6 +99,7 @@ class _Shard:
     shard: str
     id_range: tuple[Any, Any] | None
     rows: int
+    exact: bool = True
     result: DrainResult | None = None
     worker: str = ""
 
@@ -109,7 +110,7 @@ class ShardDrains:
 
     def __init__(self, spec: RunSpec, plan: list[dict[str, Any]], progress: RunProgress) -> None:
         self.spec = spec
-        self.shards = [_Shard(p["target"], p["shard"], p["id_range"], p["rows"]) for p in plan]
+        self.shards = [_Shard(p["target"], p["shard"], p["id_range"], p["rows"], p["exact"]) for p in plan]
         self.progress = progress
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
 
@@ -120,7 +121,8 @@ class ShardDrains:
         for s in sorted(self.shards, key=lambda s: s.rows, reverse=True):  # stable: plan order among equals
             if stop.is_set():
                 break  # cancelled while submitting: the rest stays for the next run
-            params = {"spec": self.spec, "target": s.target, "shard": s.shard, "id_range": s.id_range, "rows": s.rows}
+            params = {"spec": self.spec, "target": s.target, "shard": s.shard, "id_range": s.id_range, "rows": s.rows,
+                      "exact": s.exact}
             self.pending[runner.submit(drain_shard, params)] = s
 
     def collect(self, stop: threading.Event) -> None:
@@ -130,7 +132,9 @@ class ShardDrains:
             if shard is None:
                 continue
             shard.result = self._outcome(future, shard, stop)
-            self.progress.advance(shard.result.reencrypted + len(shard.result.failed))
+            # A shard planned from a sample counted its own backlog: the run's total follows it.
+            self.progress.advance(shard.result.reencrypted + len(shard.result.failed),
+                                  recount=shard.result.backlog_before - shard.rows)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:

@@ -220,8 +220,10 @@ class RunProgress:
     def share(self) -> float:
         return round(100.0 * min(1.0, self.done / self.total), 1) if self.total else 100.0
 
-    def advance(self, rows: int) -> None:
+    def advance(self, rows: int, recount: int = 0) -> None:
+        """``rows`` more handled; ``recount``: a shard's counted backlog less its planned estimate."""
         self.done += rows
+        self.total = max(0, self.total + recount)
         if self.artifact_id is not None:
             update_progress_artifact(artifact_id=self.artifact_id, progress=self.share)
 

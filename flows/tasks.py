@@ -192,21 +192,25 @@ def read_current_key(spec: RunSpec) -> str:
 
 @task(name="plan_shards", persist_result=False, cache_policy=NO_CACHE)
 def plan_shards(spec: RunSpec, shards_per_target: int) -> list[dict[str, Any]]:
-    """The shards of every target, in the configured order: ``{target, shard, id_range, rows}``, where
-    ``id_range`` is ``(lo, hi]`` (None: open) and ``rows`` the shard's backlog at the start."""
+    """The shards of every target, in the configured order: ``{target, shard, id_range, rows, exact}``,
+    where ``id_range`` is ``(lo, hi]`` (None: open) and ``rows`` the shard's backlog at the start,
+    counted (``exact``) or, for a big table, estimated from a sample of its pages."""
     with opened(spec) as ctx:
         plan = []
         for t in ctx.targets:
-            ranges = rotation.plan_shards(ctx, t.name, shards_per_target)
-            plan += [{"target": t.name, "shard": f"{i}/{len(ranges)}", "id_range": id_range, "rows": rows}
-                     for i, (id_range, rows) in enumerate(ranges, start=1)]
+            shards = rotation.plan_shards(ctx, t.name, shards_per_target)
+            plan += [{"target": t.name, "shard": f"{i}/{len(shards)}", "id_range": s.id_range, "rows": s.rows,
+                      "exact": s.exact} for i, s in enumerate(shards, start=1)]
         return plan
 
 
 @task(name="drain_shard", task_run_name="drain-{target}-{shard}", persist_result=False, cache_policy=NO_CACHE)
 def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[Any, Any] | None = None,
-                rows: int = 0) -> dict[str, Any]:
+                rows: int = 0, exact: bool = True) -> dict[str, Any]:
     """Drain one shard of one target, self-contained; returns its result as a plain dict.
+
+    ``rows``: the shard's planned backlog; the drain starts from it when it was counted (``exact``),
+    and counts its range itself when it was estimated from a sample.
 
     A retryable fail-closed stop (database or key provider outage) is tried again here, with
     backoff, and the attempts' counts add up. A cancellation of the flow run, seen through the
@@ -223,9 +227,10 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
-                # The first attempt starts from the planned backlog; a retry counts what is left.
+                # The first attempt starts from the planned backlog if it was counted; a retry
+                # counts what is left.
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
-                                        planned_backlog=None if attempts else rows)
+                                        planned_backlog=rows if exact and not attempts else None)
         except RefusedToStart as e:
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:

@@ -401,32 +401,48 @@ class Drain:
 
     def _range_bounds(self, conn: psycopg.Connection[Any], ranges: int, backlog: int) -> list[Any]:
         """Inner boundaries splitting the backlog's ids (within ``id_range``) into ``ranges`` ranges of
+        about equal row counts (see ``_sampled_bounds``)."""
+        return self._sampled_bounds(conn, ranges, backlog)[0]
+
+    def _sampled_bounds(self, conn: psycopg.Connection[Any], ranges: int,
+                        backlog: int) -> tuple[list[Any], int | None]:
+        """Inner boundaries splitting the backlog's ids (within ``id_range``) into ``ranges`` ranges of
         about equal row counts: quantiles of the id over the stale rows. When ``backlog`` (rows, or an
         estimate of the table's rows) is big, the quantiles of a sample of the table's pages
         (``TABLESAMPLE SYSTEM``) of about SAMPLE_ROWS rows, so that a plan never sorts a huge
-        table's ids; exact counts are taken apart."""
+        table's ids. (bounds, the stale rows the sample stands for: ``backlog`` times the sample's
+        stale share, with ``backlog`` the planner's estimate of the table's rows), the second None
+        when every stale id was sorted."""
         if ranges <= 1:
-            return []
+            return [], None
         conds, params = self._range(*self.options.id_range)
         fractions = [i / ranges for i in range(1, ranges)]
 
-        def quantiles(sample_percent: float | None) -> tuple[int, list[Any]]:
-            """(stale rows seen, the inner boundaries) over the whole table, or a page sample of it."""
-            sample = sql.SQL(" TABLESAMPLE SYSTEM (%s)") if sample_percent else sql.SQL("")
-            query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) "
-                            "FROM {rel}{sample} WHERE {where}").format(
-                id=self._id, rel=self.target.relation, sample=sample,
-                where=sql.SQL(" AND ").join([self._where, *conds]))
-            row = conn.execute(query, [fractions, *([sample_percent] if sample_percent else []), *params]).fetchone()
-            return (int(row[0]), sorted({b for b in row[1] or [] if b is not None})) if row else (0, [])
+        def quantiles(sample_percent: float | None) -> tuple[int, list[Any], int]:
+            """(stale rows seen, the inner boundaries, rows seen) over the whole table (rows seen: the
+            stale ones), or over a page sample of it (rows seen: every row of the sampled pages)."""
+            where = sql.SQL(" AND ").join([self._where, *conds])
+            if sample_percent is None:
+                query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}), count(*) "
+                                "FROM {rel} WHERE {where}").format(id=self._id, rel=self.target.relation, where=where)
+                args = [fractions, *params]
+            else:  # every row of the sampled pages is seen: its stale share scales the planner's estimate
+                query = sql.SQL(
+                    "SELECT count(*) FILTER (WHERE s.stale), percentile_disc(%s::float8[]) WITHIN GROUP "
+                    "(ORDER BY s.pinrotate_id) FILTER (WHERE s.stale), count(*) "
+                    "FROM (SELECT {id} AS pinrotate_id, ({where}) AS stale FROM {rel} TABLESAMPLE SYSTEM (%s)) AS s"
+                ).format(id=self._id, rel=self.target.relation, where=where)
+                args = [fractions, *params, sample_percent]
+            row = conn.execute(query, args).fetchone()
+            return (int(row[0]), sorted({b for b in row[1] or [] if b is not None}), int(row[2])) if row else (0, [], 0)
 
         if backlog > 2 * SAMPLE_ROWS:
-            sampled, bounds = quantiles(100.0 * SAMPLE_ROWS / backlog)
+            sampled, bounds, seen = quantiles(100.0 * SAMPLE_ROWS / backlog)
             if sampled >= MIN_SAMPLE_PER_RANGE * ranges:  # else too few stale rows in the sample: all of them
                 log_event("shards_sampled", level=10, run_id=self.options.run_id or None, target=self.target.name,
                           backlog=backlog, sampled=sampled, ranges=ranges)
-                return bounds
-        return quantiles(None)[1]
+                return bounds, round(backlog * sampled / seen)
+        return quantiles(None)[1], None
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -784,31 +800,47 @@ class Drain:
                       error=result.state_error)
 
 
-def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions,
-                  shards: int) -> list[tuple[tuple[Any, Any], int]]:
+@dataclass(frozen=True)
+class Shard:
+    """One id range ``(lo, hi]`` of a target's backlog (None: open end) and its backlog in rows:
+    counted when ``exact``, else estimated from a page sample (the drain of the shard counts it)."""
+
+    id_range: tuple[Any, Any]
+    rows: int
+    exact: bool = True
+
+
+def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards: int) -> list[Shard]:
     """The stale, in-scope ids of a target as at most ``shards`` ranges ``(lo, hi]`` of similar row
     counts (quantiles of the id over the stale rows), each with its backlog; the outer ends are open,
     so rows that turn stale later still fall in a shard. One range when there is little or nothing to do.
 
-    One scan of the table in the common case: the quantiles come from a sample of its pages when it
-    is big (``Drain._range_bounds``, sized by the planner's estimate of its rows), and one scan counts
-    every range exactly; adjacent ranges are then merged until each holds at least
-    MIN_BATCHES_PER_SHARD batches.
+    Cheap however big the table: when it is big (over 2 x SAMPLE_ROWS by the planner's estimate of
+    its rows), the quantiles come from a sample of its pages (``Drain._sampled_bounds``) and each
+    shard's backlog is estimated from the sample, not counted: a counting scan of a huge table here
+    would keep every worker waiting; each shard's drain counts its own range instead, side by side.
+    A smaller table's stale ids are sorted whole and every range counted exactly, in one scan each.
+    Adjacent ranges are then merged until each holds at least MIN_BATCHES_PER_SHARD batches.
     """
     drain = Drain(engine, scheme, options)
     try:
         with raw_connection(engine) as conn:
             if options.dry_run:
                 conn.execute("SET default_transaction_read_only = on")
-            bounds = drain._range_bounds(conn, shards, drain._estimated_rows(conn)) if shards > 1 else []
+            bounds, estimated = (drain._sampled_bounds(conn, shards, drain._estimated_rows(conn)) if shards > 1
+                                 else ([], None))
             if not bounds:
-                return [((None, None), drain.count_backlog(conn))]
-            counts = drain._count_ranges(conn, bounds)
+                return [Shard((None, None), drain.count_backlog(conn))]
+            if estimated is None:
+                counts = drain._count_ranges(conn, bounds)
+            else:  # each range holds an equal share of the sample
+                share, extra = divmod(estimated, len(bounds) + 1)
+                counts = [share + (1 if i < extra else 0) for i in range(len(bounds) + 1)]
             # A shard has fixed costs (connections, counts, filling and emptying the pipeline): below
             # MIN_BATCHES_PER_SHARD batches they outweigh what one more shard spreads.
             wanted = min(len(counts), max(1, sum(counts) // (MIN_BATCHES_PER_SHARD * options.batch_size)))
             bounds, counts = _merge_ranges(bounds, counts, wanted)
-            return list(zip(zip([None, *bounds], [*bounds, None]), counts))
+            return [Shard(r, n, exact=estimated is None) for r, n in zip(zip([None, *bounds], [*bounds, None]), counts)]
     except psycopg.Error as e:
         raise DatabaseError(f"target {scheme.target.name}: cannot split the backlog ({describe_db_error(e)})") from None
 

@@ -25,7 +25,7 @@ from psycopg import sql
 from ._files import write_atomically
 from .config import Settings, TargetSettings, pinrotate_home
 from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
-from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, drain_target, split_backlog
+from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from .durability import confirm_flushed
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .gate import check_retire_key, evaluate_gate, gate_record, held_keys
@@ -270,9 +270,11 @@ def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callab
                         throttle=ctx.run_throttle() if ctx.throttled else None, id_range=id_range)
 
 
-def plan_shards(ctx: RunContext, name: str, shards: int) -> list[tuple[tuple[Any, Any], int]]:
+def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     """A target's backlog as at most ``shards`` id ranges of similar row counts, each with its backlog
-    (one range for a target with nothing to do): the shards a distributed run drains side by side."""
+    (one range for a target with nothing to do): the shards a distributed run drains side by side.
+    A big table's backlogs are estimates (``Shard.exact`` false): drain such a shard without
+    ``planned_backlog``, and it counts its own."""
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 

@@ -101,6 +101,51 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
     assert started[0] == "Person" and backlog["Person"] == 400
 
 
+def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_and_progress_ends_at_100(
+        prefect_api: str, primary_database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    import pinrotate_core.drain as drain_module
+    from flows import presets
+    from flows.rotate import pinrotate_rotate
+
+    # "Big" scaled down: over 2 x SAMPLE_ROWS rows the plan samples pages and estimates each shard's
+    # backlog instead of counting it (no counting scan of a huge table while every worker waits).
+    monkeypatch.setattr(drain_module, "SAMPLE_ROWS", 400)
+    monkeypatch.setattr(drain_module, "MIN_SAMPLE_PER_RANGE", 1)
+    monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", 1)
+    estimates: dict[str, int | None] = {}  # what each target's plan estimated (None: counted exactly)
+    sampled_bounds = drain_module.Drain._sampled_bounds
+
+    def recording(self: Any, conn: Any, ranges: int, backlog: int) -> tuple[list[Any], int | None]:
+        bounds, estimate = sampled_bounds(self, conn, ranges, backlog)
+        estimates[self.target.name] = estimate
+        return bounds, estimate
+
+    monkeypatch.setattr(drain_module.Drain, "_sampled_bounds", recording)
+    profile = seed_profile(primary_database_url, tmp_path, rows=1600, batch_size=50, inter_batch_delay=0,
+                           max_degree_of_parallelism=2)
+    # A quarter of the persons already on key 2: the sample's stale share is an estimate, not 1.
+    with psycopg.connect(profile.url, autocommit=True) as conn:
+        presets.seed_pin_profile(conn, profile.provider().load_keyring(), rows=530, key_id="2", first_row=1600, seed=3)
+        conn.execute("ANALYZE profile.persons")
+    report = pinrotate_rotate(config_path=str(profile.config_path))
+    assert report["exit_code"] == 0
+    assert estimates["Person"] is not None  # the page-sample plan was taken
+    person = report["targets"]["Person"]
+    assert person["reencrypted"] == 1600 and person["backlog_remaining"] == 0
+    assert rows_consistent(profile) == {2: 2130}
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[report["run_id"]])))
+    progress = [a for a in artifacts if a.type == "progress"]
+    assert progress and progress[0].data == 100.0  # the total follows the shards' own counts
+    table = next(a.data for a in artifacts if a.type == "table")
+    rows = json.loads(table) if isinstance(table, str) else table
+    shards = [r for r in rows if r["target"] == "Person" and r["shard"] != "total"]
+    assert len(shards) > 1 and sum(r["reencrypted"] for r in shards) == 1600
+
+
 def test_cli_run_prints_one_json_report_and_a_second_run_moves_nothing(prefect_api: str, primary_database_url: str,
                                                                       tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=120, batch_size=40, inter_batch_delay=0)
