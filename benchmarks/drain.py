@@ -161,7 +161,7 @@ class ShardTimes:
     ended: float
 
 
-def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int | None,
+def _dask_shard(raw: dict[str, Any], id_range: tuple[Any, Any], rows: int,
                 clock: float) -> tuple[int, int, ShardTimes]:
     """One shard in a Dask worker process, as the flow's drain task runs it; (rows moved, peak RSS
     in KiB, its times against ``clock``, the run's ``time.time()`` at its start)."""
@@ -228,9 +228,7 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
             planned = time.perf_counter() - started
         finally:
             ctx.close()
-        # As the flow's drain task: a backlog estimated from a sample is counted by the shard itself.
-        futures = [client.submit(_dask_shard, raw, s.id_range, s.rows if s.exact else None, clock, pure=False)
-                   for s in shards]
+        futures = [client.submit(_dask_shard, raw, s.id_range, s.rows, clock, pure=False) for s in shards]
         results = [future.result() for future in futures]
         secs = time.perf_counter() - started
         driver = own_cpu_seconds() - own_before

@@ -132,9 +132,10 @@ class ShardDrains:
             if shard is None:
                 continue
             shard.result = self._outcome(future, shard, stop)
-            # A shard planned from a sample counted its own backlog: the run's total follows it.
-            self.progress.advance(shard.result.reencrypted + len(shard.result.failed),
-                                  recount=shard.result.backlog_before - shard.rows)
+            # What the shard turned out to hold (handled + left, as counted at its end) replaces its
+            # planned backlog in the run's total: a big table's plan is an estimate.
+            handled = shard.result.reencrypted + len(shard.result.failed)
+            self.progress.advance(handled, recount=handled + shard.result.backlog_remaining - shard.rows)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:

@@ -221,7 +221,7 @@ class RunProgress:
         return round(100.0 * min(1.0, self.done / self.total), 1) if self.total else 100.0
 
     def advance(self, rows: int, recount: int = 0) -> None:
-        """``rows`` more handled; ``recount``: a shard's counted backlog less its planned estimate."""
+        """``rows`` more handled; ``recount``: what a shard held, counted, less its planned backlog."""
         self.done += rows
         self.total = max(0, self.total + recount)
         if self.artifact_id is not None:

@@ -209,8 +209,11 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
                 rows: int = 0, exact: bool = True) -> dict[str, Any]:
     """Drain one shard of one target, self-contained; returns its result as a plain dict.
 
-    ``rows``: the shard's planned backlog; the drain starts from it when it was counted (``exact``),
-    and counts its range itself when it was estimated from a sample.
+    ``rows``: the shard's planned backlog, counted (``exact``) or estimated from a page sample; the
+    drain starts from it without counting again (a count of one id range of a table keyed by random
+    UUIDs visits nearly every page of it: one per shard would cost more than the plan's one scan).
+    A dry run counts an estimated shard's range, since its report is that count less what it would
+    move. Either way the backlog left is counted when the shard ends.
 
     A retryable fail-closed stop (database or key provider outage) is tried again here, with
     backoff, and the attempts' counts add up. A cancellation of the flow run, seen through the
@@ -227,10 +230,10 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
-                # The first attempt starts from the planned backlog if it was counted; a retry
-                # counts what is left.
+                # The first attempt starts from the planned backlog; a retry counts what is left.
+                planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
-                                        planned_backlog=rows if exact and not attempts else None)
+                                        planned_backlog=planned)
         except RefusedToStart as e:
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:

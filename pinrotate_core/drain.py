@@ -803,7 +803,7 @@ class Drain:
 @dataclass(frozen=True)
 class Shard:
     """One id range ``(lo, hi]`` of a target's backlog (None: open end) and its backlog in rows:
-    counted when ``exact``, else estimated from a page sample (the drain of the shard counts it)."""
+    counted when ``exact``, else estimated from a page sample."""
 
     id_range: tuple[Any, Any]
     rows: int
@@ -818,8 +818,10 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shar
     Cheap however big the table: when it is big (over 2 x SAMPLE_ROWS by the planner's estimate of
     its rows), the quantiles come from a sample of its pages (``Drain._sampled_bounds``) and each
     shard's backlog is estimated from the sample, not counted: a counting scan of a huge table here
-    would keep every worker waiting; each shard's drain counts its own range instead, side by side.
-    A smaller table's stale ids are sorted whole and every range counted exactly, in one scan each.
+    would keep every worker waiting. (Counting each shard's range instead is no cheaper: with
+    random UUID ids, one range's rows lie on nearly every page.) What a shard leaves is counted
+    when it ends. A smaller table's stale ids are sorted whole and every range counted exactly, in
+    one scan each.
     Adjacent ranges are then merged until each holds at least MIN_BATCHES_PER_SHARD batches.
     """
     drain = Drain(engine, scheme, options)

@@ -273,8 +273,8 @@ def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callab
 def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     """A target's backlog as at most ``shards`` id ranges of similar row counts, each with its backlog
     (one range for a target with nothing to do): the shards a distributed run drains side by side.
-    A big table's backlogs are estimates (``Shard.exact`` false): drain such a shard without
-    ``planned_backlog``, and it counts its own."""
+    A big table's backlogs are estimates (``Shard.exact`` false); a drain started from one counts
+    what it leaves when it ends, as every drain does."""
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 

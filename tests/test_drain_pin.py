@@ -857,7 +857,7 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
     # A big backlog's quantiles come from a page sample (TABLESAMPLE SYSTEM) and its shards' backlogs
     # are estimates from it (no counting scan of a huge table while every worker waits); a small
     # one's come from every stale id, and the shards' exact counts add up to the backlog. Either
-    # way the shards' own counts add up to it, and draining every shard leaves nothing behind.
+    # way, draining every shard from its planned backlog moves it all and leaves nothing behind.
     import pinrotate_core.drain as drain_module
 
     # 16 batches of 100: at least 1 batch a shard allows the 4 or 8 shards asked, at least 4 merges 8 into 4.
@@ -887,13 +887,13 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
         else:  # a quarter of the pages stands for the whole: an estimate, equal shares
             assert 0.5 * summary.persons < sum(counts) < 1.5 * summary.persons, counts
             assert max(counts) - min(counts) <= 1, counts
-        # As the flow's drain task does: a shard's own count when its backlog was estimated.
-        results = [rotation.drain(ctx, "Person", workers=1, id_range=s.id_range,
-                                  planned_backlog=s.rows if s.exact else None) for s in shards]
-        counted = [r.backlog_before for r in results]
-        assert sum(counted) == summary.persons
-        assert max(counted) < 2.5 * summary.persons / 4, counted  # similar sizes, even from a sample
-        moved = sum(r.reencrypted for r in results)
+        # As the flow's drain task does: from the planned backlog, estimated or not.
+        results = [rotation.drain(ctx, "Person", workers=1, id_range=s.id_range, planned_backlog=s.rows)
+                   for s in shards]
+        assert all(r.backlog_remaining == 0 and not r.failed for r in results)
+        per_shard = [r.reencrypted for r in results]
+        assert max(per_shard) < 2.5 * summary.persons / 4, per_shard  # similar sizes, even from a sample
+        moved = sum(per_shard)
     finally:
         ctx.close()
     assert moved == summary.persons
