@@ -192,7 +192,7 @@ def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> 
 def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> Any:
     settings = ctx.settings
     # The plan is made while the drains' runner starts (a local Dask cluster spawning and importing
-    # its worker processes takes seconds; the plan of a big table, a sample and a counting scan, too).
+    # its worker processes takes seconds; so may the plans of many targets).
     planning = plan_shards.submit(spec, SHARDS_PER_WORKER * settings.job.max_degree_of_parallelism)
     with task_runner(settings, api_url()) as runner:
         start_workers(runner)

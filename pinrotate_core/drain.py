@@ -423,7 +423,7 @@ class Drain:
             stale ones), or over a page sample of it (rows seen: every row of the sampled pages)."""
             where = sql.SQL(" AND ").join([self._where, *conds])
             if sample_percent is None:
-                query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}), count(*) "
+                query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) "
                                 "FROM {rel} WHERE {where}").format(id=self._id, rel=self.target.relation, where=where)
                 args = [fractions, *params]
             else:  # every row of the sampled pages is seen: its stale share scales the planner's estimate
@@ -434,7 +434,10 @@ class Drain:
                 ).format(id=self._id, rel=self.target.relation, where=where)
                 args = [fractions, *params, sample_percent]
             row = conn.execute(query, args).fetchone()
-            return (int(row[0]), sorted({b for b in row[1] or [] if b is not None}), int(row[2])) if row else (0, [], 0)
+            if not row:
+                return 0, [], 0
+            stale = int(row[0])
+            return stale, sorted({b for b in row[1] or [] if b is not None}), stale if sample_percent is None else int(row[2])
 
         if backlog > 2 * SAMPLE_ROWS:
             sampled, bounds, seen = quantiles(100.0 * SAMPLE_ROWS / backlog)
