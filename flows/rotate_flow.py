@@ -132,10 +132,12 @@ class ShardDrains:
             if shard is None:
                 continue
             shard.result = self._outcome(future, shard, stop)
-            # What the shard turned out to hold (handled + left, as counted at its end) replaces its
-            # planned backlog in the run's total: a big table's plan is an estimate.
-            handled = shard.result.reencrypted + len(shard.result.failed)
-            self.progress.advance(handled, recount=handled + shard.result.backlog_remaining - shard.rows)
+            # What the shard turned out to hold (moved + left, as counted at its end; rows that
+            # failed are still stale, so they are in what is left) replaces its planned backlog in
+            # the run's total: a big table's plan is an estimate.
+            r = shard.result
+            self.progress.advance(r.reencrypted + len(r.failed),
+                                  recount=r.reencrypted + r.backlog_remaining - shard.rows)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:

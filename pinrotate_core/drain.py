@@ -437,7 +437,8 @@ class Drain:
             if not row:
                 return 0, [], 0
             stale = int(row[0])
-            return stale, sorted({b for b in row[1] or [] if b is not None}), stale if sample_percent is None else int(row[2])
+            bounds = sorted({b for b in row[1] or [] if b is not None})
+            return stale, bounds, stale if sample_percent is None else int(row[2])
 
         if backlog > 2 * SAMPLE_ROWS:
             sampled, bounds, seen = quantiles(100.0 * SAMPLE_ROWS / backlog)

@@ -94,7 +94,8 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
                for name, t in report["targets"].items()}
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[report["run_id"]])))
-    drains = sorted((r for r in runs if r.name.startswith("drain-")), key=lambda r: r.start_time or r.expected_start_time)
+    drains = sorted((r for r in runs if r.name.startswith("drain-")),
+                    key=lambda r: r.start_time or r.expected_start_time)
     started = [r.name.split("-")[1] for r in drains]
     assert sorted(started) == sorted(backlog)  # one shard each: 8 batches or fewer per target
     assert [backlog[name] for name in started] == sorted(backlog.values(), reverse=True), started
@@ -261,7 +262,7 @@ def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_trace
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     """The worker's code path (``python -m prefect.engine FLOW_RUN_ID``), as a deployment run takes it."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 
     from flows.rotate import pinrotate_rotate
 
@@ -286,6 +287,10 @@ def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_trace
     assert str(bad_id) not in (state.message or "") and str(bad_id) not in "\n".join(
         log.message for log in logs if "stopped fail-closed" in log.message)
     assert profile.key_versions("persons") == {2: 29, 1: 1}
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    # Every row was handled (29 moved, 1 FAILED): the progress ends at 100, the failed row counted once.
+    assert [a.data for a in artifacts if a.type == "progress"] == [100.0]
 
 
 def test_an_operator_pause_through_the_variable_shows_in_the_progress_artifact_and_clearing_it_finishes(

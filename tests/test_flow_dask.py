@@ -181,7 +181,8 @@ def test_an_unreachable_dask_scheduler_is_exit_4_with_one_line_and_nothing_writt
     assert code == 4, err[-4000:]
     assert "Traceback" not in err, err[-4000:]
     last = [line for line in err.splitlines() if line.strip()][-1]
-    assert last.startswith("pinrotate: error: cannot connect to the Dask scheduler at") and f"127.0.0.1:{port}" in last, err
+    assert last.startswith("pinrotate: error: cannot connect to the Dask scheduler at"), err
+    assert f"127.0.0.1:{port}" in last, err
     assert profile.key_versions("persons") == {1: 60}  # nothing was written
 
 
@@ -195,9 +196,12 @@ def _worker_settings(keys: list[str]) -> dict[str, Any]:
 def _worker_log_filters() -> tuple[bool, bool]:
     """In a worker: would its log pass (the heartbeat failure at shutdown, another error)?"""
     log = logging.getLogger("distributed.worker")
-    return tuple(bool(log.filter(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), None)))
-                 for message in ("Failed to communicate with scheduler during heartbeat.",
-                                 "Failed to communicate with scheduler during something else."))  # type: ignore[return-value]
+
+    def passes(message: str) -> bool:
+        return bool(log.filter(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), None)))
+
+    return (passes("Failed to communicate with scheduler during heartbeat."),
+            passes("Failed to communicate with scheduler during something else."))
 
 
 def test_a_local_clusters_worker_processes_get_the_drain_friendly_settings() -> None:
