@@ -99,7 +99,7 @@ class _Shard:
     shard: str
     id_range: tuple[Any, Any] | None
     rows: int
-    exact: bool = True
+    exact: bool  # rows was counted, not estimated from a page sample
     result: DrainResult | None = None
     worker: str = ""
 

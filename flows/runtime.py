@@ -258,11 +258,9 @@ class _NoTracebackForFailClosed(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, RunFailedClosed):
-            record.msg, record.args = "pinrotate run ended Failed: stopped fail-closed: %s", (str(exc),)
-            record.exc_info, record.exc_text = None, None
-        elif isinstance(exc, PinrotateError):
-            record.msg, record.args = "pinrotate run ended Failed: %s", (str(exc),)
+        if isinstance(exc, PinrotateError):
+            how = "stopped fail-closed: " if isinstance(exc, RunFailedClosed) else ""
+            record.msg, record.args = "pinrotate run ended Failed: %s%s", (how, str(exc))
             record.exc_info, record.exc_text = None, None
         return True
 

@@ -35,10 +35,28 @@ def rows_consistent(profile: PinProfile) -> dict[int, int]:
     return per_key
 
 
+def run_artifacts(run_id: Any) -> dict[str, list[Any]]:
+    """The flow run's artifacts from the Prefect API, by type (progress, table, markdown)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    by_type: dict[str, list[Any]] = {}
+    for a in artifacts:
+        by_type.setdefault(a.type or "", []).append(a)
+    return by_type
+
+
+def report_table(by_type: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The rows of the run's report table artifact (per shard, then each target's total)."""
+    table = by_type["table"][0].data
+    return json.loads(table) if isinstance(table, str) else table  # type: ignore[no-any-return]
+
+
 def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, primary_database_url: str,
                                                              tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.rotate import pinrotate_rotate
 
@@ -59,16 +77,12 @@ def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, 
         # Parameters name things only: no key, no value, no secret.
         assert run.parameters == {"config_path": str(profile.config_path), "dry_run": False, "targets": None,
                                   "tenant": None, "expected_key_version": None}
-        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-    by_type: dict[str, list[Any]] = {}
-    for a in artifacts:
-        by_type.setdefault(a.type or "", []).append(a)
+    by_type = run_artifacts(run.id)
     assert {"table", "markdown", "progress"} <= set(by_type)
     assert by_type["progress"][0].data == 100.0
     # A key, so that `prefect artifact ls` lists it (it lists keyed artifacts only).
     assert by_type["progress"][0].key == "pinrotate-progress"
-    table = by_type["table"][0].data
-    rows = json.loads(table) if isinstance(table, str) else table
+    rows = report_table(by_type)
     assert {r["target"]: r["reencrypted"] for r in rows}["Person"] == 300  # a target's last row is its total
     shards = [r for r in rows if r["target"] == "Person" and r["shard"] != "total"]
     assert shards and sum(r["reencrypted"] for r in shards) == 300
@@ -104,9 +118,6 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
 
 def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_and_progress_ends_at_100(
         prefect_api: str, primary_database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     import pinrotate_core.drain as drain_module
     from flows import presets
     from flows.rotate import pinrotate_rotate
@@ -137,13 +148,9 @@ def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_
     person = report["targets"]["Person"]
     assert person["reencrypted"] == 1600 and person["backlog_remaining"] == 0
     assert rows_consistent(profile) == {2: 2130}
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[report["run_id"]])))
-    progress = [a for a in artifacts if a.type == "progress"]
-    assert progress and progress[0].data == 100.0  # the total follows the shards' own counts
-    table = next(a.data for a in artifacts if a.type == "table")
-    rows = json.loads(table) if isinstance(table, str) else table
-    shards = [r for r in rows if r["target"] == "Person" and r["shard"] != "total"]
+    by_type = run_artifacts(report["run_id"])
+    assert [a.data for a in by_type["progress"]] == [100.0]  # the total follows what the shards held
+    shards = [r for r in report_table(by_type) if r["target"] == "Person" and r["shard"] != "total"]
     assert len(shards) > 1 and sum(r["reencrypted"] for r in shards) == 1600
 
 
@@ -262,7 +269,7 @@ def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_trace
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     """The worker's code path (``python -m prefect.engine FLOW_RUN_ID``), as a deployment run takes it."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from flows.rotate import pinrotate_rotate
 
@@ -287,10 +294,8 @@ def test_a_fail_closed_run_under_the_engine_ends_failed_with_counts_and_no_trace
     assert str(bad_id) not in (state.message or "") and str(bad_id) not in "\n".join(
         log.message for log in logs if "stopped fail-closed" in log.message)
     assert profile.key_versions("persons") == {2: 29, 1: 1}
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
     # Every row was handled (29 moved, 1 FAILED): the progress ends at 100, the failed row counted once.
-    assert [a.data for a in artifacts if a.type == "progress"] == [100.0]
+    assert [a.data for a in run_artifacts(run.id)["progress"]] == [100.0]
 
 
 def test_an_operator_pause_through_the_variable_shows_in_the_progress_artifact_and_clearing_it_finishes(
