@@ -21,7 +21,7 @@ from flows.reports import emit, fail, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
-from pinrotate_core.gate import check_ticket
+from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
 from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "demo", "keys")
@@ -261,7 +261,7 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
 def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
-    report = rotation.retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow)
+    report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow)
     d = report.as_dict()
     if report.open:
         human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
@@ -274,7 +274,7 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     if excluded:
         human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"
     if ticket is not None or ns.record is not None:
-        path = rotation.write_gate_record(report, ticket=ticket, path=ns.record)
+        path = write_gate_record(report, ticket=ticket, path=ns.record)
         d["record"] = str(path)
         human += f"\nrecord for ticket {ticket or '-'} written to {path} (counts and names only, no value or key)"
     emit(ns, d, human)

@@ -7,40 +7,34 @@ composes them for a plain Python caller (no orchestrator needed). Nothing here p
 from __future__ import annotations
 
 import contextlib
-import json
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from ._files import write_atomically
-from .config import Settings, TargetSettings, pinrotate_home
-from .db import database_identity, database_url, describe_db_error, make_engine, raw_connection
+from .config import Settings, TargetSettings
+from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
-from .durability import confirm_flushed
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
-from .gate import check_retire_key, evaluate_gate, gate_record, held_keys
+from .gate import run_gate
 from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
 from .schemes import build_scheme, check_keyring
-from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
+from .schemes.base import DECRYPT_FAILED, Scheme
+from .scope import check_tenant_scope
 from .state import StateError, ensure_conflicts_table
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 
 if TYPE_CHECKING:
-    from .gate import GateReport
     from .metrics import RotationMetrics
 
 EXIT_OK = 0
@@ -174,14 +168,6 @@ def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: b
                       run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
 
 
-def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) -> None:
-    """``--tenant`` must scope every target it is applied to: silently ignoring it would count or
-    migrate other tenants' rows."""
-    if tenant is not None and not all(t.tenant for t in targets):
-        missing = ", ".join(t.name for t in targets if not t.tenant)
-        raise ConfigError(f"--tenant: targets without a tenant column cannot be scoped: {missing}")
-
-
 def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     """Read the keyring once for the run and check the start conditions (§4 refusals)."""
     keyring = ctx.provider.load_keyring()
@@ -309,34 +295,12 @@ def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[
 
 
 def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
-    """The gate for every older key of the keyring, from a fresh (shallow) inventory of the run's targets."""
+    """The run asks the gate (it computes no verdict of its own): one entry per older key."""
     assert ctx.keyring is not None
-    inv = take_inventory(ctx.engine, ctx.settings, ctx.keyring, targets=ctx.targets, tenant=ctx.tenant,
-                         provider=ctx.provider)
-    for name, r in results.items():
-        if name in inv.targets:
-            # Rows that did not decrypt; fpc1 values on a missing key are UNKNOWN_KEY in the inventory.
-            inv.targets[name].counts["FAILED"] = sum(1 for f in r.failed if f.reason == DECRYPT_FAILED)
-    out: dict[str, Any] = {}
-    ring = ctx.keyring
-    # Every key `gate --retire` would answer about (Transit: every older version it still decrypts);
-    # legacy only for fpc1 targets.
-    keys = [k for k in held_keys(ring) if k != ring.current]
-    if not any(t.format == "fpc1" for t in ctx.targets):
-        keys = [k for k in keys if k != LEGACY_KEY]
-    verdicts = {key: evaluate_gate(inv, key, conflicts={n: r.conflicts for n, r in results.items()}) for key in keys}
-    durable = True
-    if any(v.open for v in verdicts.values()):
-        try:
-            with raw_connection(ctx.engine) as conn:
-                confirm_flushed(conn)
-        except DatabaseError as e:
-            # Fail closed: no key is reported free on commits that a crash could still undo.
-            log_event("gate_not_durable", level=40, run_id=ctx.run_id, error=str(e))
-            durable = False
-    for key, report in verdicts.items():
-        out[key] = {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n}}
-    return out
+    failed = {name: sum(1 for f in r.failed if f.reason == DECRYPT_FAILED) for name, r in results.items()}
+    conflicts = {name: r.conflicts for name, r in results.items()}
+    return run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets, tenant=ctx.tenant,
+                    failed=failed, conflicts=conflicts, run_id=ctx.run_id)
 
 
 @contextlib.contextmanager
@@ -440,51 +404,3 @@ def deliver_metrics(ctx: RunContext, report: RunReport) -> list[str]:
     if ctx.throttle is not None:
         ctx.throttle.record(metrics)
     return metrics.deliver(ctx.settings.metrics)
-
-
-def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True) -> GateReport:
-    """``gate --retire KEY``: a fresh inventory (deep by default: every value decrypted) and the verdict,
-    with what the change-ticket record names: database identity, keyring source, counts, scope.
-
-    A KEY the keyring does not hold, or the current key, is refused before the database is read
-    (``KeyNotRetirable``, exit 2). An open verdict is given only once the WAL behind every commit
-    the inventory saw is flushed (``durability.confirm_flushed``).
-    """
-    check_tenant_scope(settings.targets, tenant)
-    provider = build_provider(settings)
-    keyring = provider.load_keyring()
-    check_retire_key(keyring, key)
-    engine = make_engine(database_url(settings), pool_size=2)
-    try:
-        inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
-        report = evaluate_gate(inv, key)
-        if report.open:
-            with raw_connection(engine) as conn:
-                report.durability = confirm_flushed(conn)
-        report.database = database_identity(engine)
-    finally:
-        engine.dispose()
-    report.keyring_source = keyring.source
-    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
-    report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,
-                    "targets": [t.name for t in settings.targets]}
-    return report
-
-
-def write_gate_record(report: GateReport, *, ticket: str | None, path: str | None) -> Path:
-    """Write the change-ticket record atomically; the default path is under $PINROTATE_HOME/records."""
-    now = datetime.now(UTC)
-    record = gate_record(report, ticket=ticket, recorded_at=now)
-    if path is None:
-        key, slug = (re.sub(r"[^A-Za-z0-9_-]+", "_", text)[:64] for text in (report.key, ticket or "no-ticket"))
-        target = pinrotate_home() / "records" / f"gate-{key}-{slug}-{now:%Y%m%dT%H%M%SZ}.json"
-    else:
-        target = Path(path).expanduser()
-        if not target.parent.is_dir():
-            raise ConfigError(f"--record: folder {target.parent} does not exist")
-    try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomically(target, json.dumps(record, indent=2) + "\n")
-    except OSError as e:
-        raise ConfigError(f"--record: cannot write {target} ({e.strerror})") from None
-    return target

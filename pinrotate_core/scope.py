@@ -13,6 +13,8 @@ a number other than 0, any date or timestamp, text other than '', '0', 'false', 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from psycopg import sql
 
 from .config import TargetSettings
@@ -49,3 +51,11 @@ def scope_condition(t: TargetSettings, tenant: str | None, alias: str | None = N
 def tenant_text(t: TargetSettings, alias: str | None = None) -> sql.Composable:
     """The row's tenant as text (NULL for targets without a tenant column)."""
     return sql.SQL("{}::text").format(_col(t.tenant, alias)) if t.tenant else sql.SQL("NULL::text")
+
+
+def check_tenant_scope(targets: Sequence[TargetSettings], tenant: str | None) -> None:
+    """``--tenant`` must scope every target it is applied to: silently ignoring it would count or
+    migrate other tenants' rows."""
+    if tenant is not None and not all(t.tenant for t in targets):
+        missing = ", ".join(t.name for t in targets if not t.tenant)
+        raise ConfigError(f"--tenant: targets without a tenant column cannot be scoped: {missing}")

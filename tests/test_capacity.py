@@ -23,6 +23,7 @@ from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.db import raw_connection
 from pinrotate_core.drain import STOP_DB_ERROR, Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.schemes import build_scheme
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.transit import transit_version
@@ -86,7 +87,7 @@ def test_transit_values_that_gain_a_version_digit_block_a_tight_varchar_and_are_
     assert inv.counts["BLOCKED"] == 1
     assert inv.blocked_reason == (f"column body is character varying({width}), too narrow: re-encrypted under key 10 "
                                   f"its values need up to {width + 1} characters (widen it; pinrotate never changes the application's schema)")
-    gate = rotation.retire_gate(settings, "9")
+    gate = retire_gate(settings, "9")
     assert not gate.open and gate.blocking["BLOCKED"] == 1
     for dry_run in (False, True):
         with pytest.raises(ConfigError, match=r"target Notes: column body is .*too narrow.*nothing was touched"):
@@ -109,7 +110,7 @@ def test_transit_values_that_gain_a_version_digit_block_a_tight_varchar_and_are_
     assert {transit_version(v) for v in after} == {10}
     assert [len(v) for v in after] == [len(v) + 1 for v in values]
     assert provider.decrypt(after) == [*full, short]
-    assert rotation.retire_gate(settings, "9").open
+    assert retire_gate(settings, "9").open
 
 
 # --- fpc1: legacy -> FPC1 grows the value -------------------------------------------------------------

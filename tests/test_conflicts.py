@@ -26,6 +26,7 @@ from psycopg import sql
 from pinrotate_core import rotation
 from pinrotate_core.drain import Drain, DrainOptions
 from pinrotate_core.errors import RefusedToStart
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.schemes.fpc1 import parse_fpc1
 from pinrotate_core.state import CREATE_SQL, conflicts_table_exists
 
@@ -156,7 +157,7 @@ def test_a_conflict_recorded_on_one_host_closes_the_gate_on_another(
     assert not any(host_a.iterdir())  # nothing of it in host A's folder
 
     monkeypatch.setenv("PINROTATE_HOME", str(host_b))
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     assert not gate.open and gate.blocking["CONFLICT"] == 1
     assert rotation.inventory(settings).targets[DC].counts["CONFLICT"] == 1
     assert rotation.inventory(settings, tenant="1").targets[DC].counts["CONFLICT"] == 1
@@ -166,7 +167,7 @@ def test_a_conflict_recorded_on_one_host_closes_the_gate_on_another(
     clean = rotation.run_rotation(settings, expected_key="k2")
     assert clean.exit_code == rotation.EXIT_OK
     monkeypatch.setenv("PINROTATE_HOME", str(host_a))
-    assert rotation.retire_gate(settings, "k1").open
+    assert retire_gate(settings, "k1").open
     assert pg_conn.execute("SELECT count(*) FROM pinrotate.conflicts").fetchone() == (0,)
 
 
@@ -238,7 +239,7 @@ def test_a_role_that_may_not_create_the_conflicts_table_is_refused_before_anythi
         r=sql.Identifier(app_role)))
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.exit_code == rotation.EXIT_OK and report.targets["T"].reencrypted == 3
-    assert rotation.retire_gate(settings, "k1").open
+    assert retire_gate(settings, "k1").open
 
 
 def test_a_gate_role_that_may_not_read_the_conflicts_table_is_blocked_and_an_absent_table_is_no_conflict(
@@ -256,11 +257,11 @@ def test_a_gate_role_that_may_not_read_the_conflicts_table_is_blocked_and_an_abs
 
     assert rotation.run_rotation(owner, expected_key="k2").exit_code == rotation.EXIT_OK
     assert conflicts_table_exists(pg_conn)
-    assert rotation.retire_gate(owner, "k1").open
+    assert retire_gate(owner, "k1").open
 
     # The table exists and this role may not read it: conflicts it cannot see might exist.
     inv = rotation.inventory(reader).targets["T"]
     assert inv.counts["BLOCKED"] == 1
     assert f"role {app_role} may not read pinrotate.conflicts" in (inv.blocked_reason or "")
-    gate = rotation.retire_gate(reader, "k1")
+    gate = retire_gate(reader, "k1")
     assert not gate.open and gate.blocking["BLOCKED"] == 1

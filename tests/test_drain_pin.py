@@ -37,7 +37,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings, settings_from_mapping
 from pinrotate_core.drain import BatchEvent
 from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.gate import evaluate_gate, retire_gate
 from pinrotate_core.keyring import Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -652,7 +652,7 @@ def test_a_corrupt_row_is_isolated_reported_without_values_and_keeps_the_gate_cl
     assert deep.targets["Person"].counts["HISTORICAL"] == 1
     assert deep.total("FAILED") == 1
     assert evaluate_gate(deep, "1").open is False
-    retire = rotation.retire_gate(pin.settings(), "1")  # what `gate --retire 1` decides on
+    retire = retire_gate(pin.settings(), "1")  # what `gate --retire 1` decides on
     assert retire.open is False and retire.blocking["FAILED"] == 1 and retire.blocking["HISTORICAL"] == 1
 
 

@@ -21,9 +21,10 @@ import tomli_w
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.schemes.fpc1 import parse_fpc1
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.providers import build_provider
 from pinrotate_core.providers.forge import ForgeKeyProvider
+from pinrotate_core.schemes.fpc1 import parse_fpc1
 
 from .forge_bootstrap import P, b64, bootstrap_props, write_bootstrap_file
 from .helpers import assert_secret_free
@@ -260,7 +261,7 @@ def test_forge_keyring_drives_inventory_dry_run_run_and_gate_for_fpc1_targets(
             assert parse_fpc1(doc[field]).key_id == "k2"
             assert decrypt(doc[field]) == forge.plain[("lc", row_id, f"$.{field}")]
 
-    assert rotation.retire_gate(settings, "k1").open and rotation.retire_gate(settings, "legacy").open
+    assert retire_gate(settings, "k1").open and retire_gate(settings, "legacy").open
     assert path.read_bytes() == file_bytes and os.stat(path).st_mtime_ns == file_mtime
     assert sorted(p.name for p in path.parent.iterdir()) == ["crypto.properties"]  # no lock, no temporary file
 
@@ -274,7 +275,7 @@ def test_legacy_values_stay_while_forge_has_legacy_reading_off(
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.targets[DC].reencrypted == 2  # the two historical values; the legacy ones stay
     assert forge.password(1) == forge.dc_rows[1][2] and forge.password(7) == forge.dc_rows[7][2]
-    assert not rotation.retire_gate(settings, "legacy").open
+    assert not retire_gate(settings, "legacy").open
 
 
 def test_write_versioned_off_in_forge_refuses_a_real_run_but_not_a_dry_run(

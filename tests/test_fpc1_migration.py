@@ -28,6 +28,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.drain import BatchEvent, Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError, RefusedToStart
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.base import ValueClass
@@ -364,7 +365,7 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     assert inv.targets[DC].counts["CONFLICT"] == 1 and inv.targets[DC].counts["HISTORICAL"] == 0
     assert rotation.inventory(settings, tenant="2").targets[DC].counts["CONFLICT"] == 0
     rotation.run_rotation(settings, target_names=[LC], expected_key="k2")
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     assert not gate.open and gate.blocking["CONFLICT"] == 1
     assert sum(gate.blocking.values()) == 1
 
@@ -380,7 +381,7 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     clean = rotation.run_rotation(settings, expected_key="k2")
     assert clean.exit_code == 0 and clean.targets[DC].conflicts == 0
     assert rotation.inventory(settings).targets[DC].counts["CONFLICT"] == 0
-    assert rotation.retire_gate(settings, "k1").open
+    assert retire_gate(settings, "k1").open
 
 
 def test_an_edit_inside_a_json_document_is_a_conflict_and_the_document_is_kept(
@@ -437,10 +438,10 @@ def test_a_tenant_run_changes_only_that_tenant_and_the_gate_counts_every_tenant(
     scoped = rotation.inventory(settings, tenant="1").targets[DC]
     assert scoped.counts["HISTORICAL"] == 0 and scoped.counts["LEGACY"] == 0
     assert scoped.counts["EXCLUDED"] == 3  # tenant 2 (rows 4, 7) and the deleted row 5
-    assert rotation.retire_gate(settings, "k1", tenant="1").open
-    everyone = rotation.retire_gate(settings, "k1")
+    assert retire_gate(settings, "k1", tenant="1").open
+    everyone = retire_gate(settings, "k1")
     assert not everyone.open and everyone.blocking["HISTORICAL"] == 2  # row 4 and lowcode row 2
-    assert not rotation.retire_gate(settings, "legacy").open
+    assert not retire_gate(settings, "legacy").open
 
 
 def test_soft_deleted_rows_are_never_touched_and_are_counted_as_excluded(
@@ -456,7 +457,7 @@ def test_soft_deleted_rows_are_never_touched_and_are_counted_as_excluded(
     inv = rotation.inventory(settings).targets
     assert inv[DC].counts["EXCLUDED"] == 1 and inv[DC].excluded_by_key == {"k1": 1}
     assert inv[LC].excluded_by_key == {"k1": 1}
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     # Out of scope rows do not block, but the report says that retiring k1 crypto-erases them.
     assert gate.open and gate.targets[DC]["excluded_on_key"] == 1
 
@@ -512,7 +513,7 @@ def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_ru
 
     inv = rotation.inventory(settings).targets["T"]
     assert inv.counts["BLOCKED"] == 1 and reason in (inv.blocked_reason or "")
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     assert not gate.open and gate.blocking["BLOCKED"] == 1
     with pytest.raises(ConfigError, match=re.escape(reason)):
         rotation.run_rotation(settings, expected_key="k2")
@@ -590,7 +591,7 @@ def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails
     text = json.dumps(report.as_dict())
     assert_secret_free(text, missing_key_value, broken, "plain text password", *forge.stored_values(),
                        *(p.decode() for p in forge.plain.values()))
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     assert not gate.open
     assert gate.blocking["UNKNOWN"] == 3 and gate.blocking["UNKNOWN_KEY"] == 1 and gate.blocking["FAILED"] == 1
 
@@ -632,23 +633,23 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     forge = Forge(pg_conn)
     write_keys(keys_file)
     settings = forge_settings(database_url, keys_file)
-    first = rotation.retire_gate(settings, "k1")
+    first = retire_gate(settings, "k1")
     assert not first.open and first.blocking["HISTORICAL"] == 4
-    legacy = rotation.retire_gate(settings, "legacy")
+    legacy = retire_gate(settings, "legacy")
     assert not legacy.open and legacy.blocking["LEGACY"] == 3
     with pytest.raises(ConfigError, match="key k2 is the current key"):  # the active key is never free to go
-        rotation.retire_gate(settings, "k2")
+        retire_gate(settings, "k2")
 
     pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")
     for key in ("k1", "legacy"):
-        gate = rotation.retire_gate(settings, key)
+        gate = retire_gate(settings, key)
         assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"UNKNOWN": 1}
 
     # The application rewrites the bad value; now nothing is left and nothing could be hiding.
     pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 3", (fpc1("k2", K2, b"fixed"),))
     for key in ("k1", "legacy"):
-        gate = rotation.retire_gate(settings, key)
+        gate = retire_gate(settings, key)
         assert gate.open and not any(gate.blocking.values())
     # The report is evidence for the change ticket: tenants covered and what produced it, no value.
     report = gate.as_dict()

@@ -18,7 +18,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.durability import confirm_flushed, wait_for_flush
 from pinrotate_core.errors import ConfigError, DatabaseError
-from pinrotate_core.gate import KeyNotRetirable
+from pinrotate_core.gate import KeyNotRetirable, retire_gate
 from tests.pinprofile import cli, seed_profile
 
 from .helpers import b64
@@ -42,16 +42,16 @@ def test_gate_refuses_keys_the_file_keyring_does_not_hold_and_names_those_it_hol
     settings = settings_for(database_url, keys_file, triggers="fire")
     for key in ("99", "abc", "0", "02", "legacy"):
         with pytest.raises(KeyNotRetirable) as refused:
-            rotation.retire_gate(settings, key)
+            retire_gate(settings, key)
         message = str(refused.value)
         assert message.startswith(f"key {key} is not in the keyring") and message.endswith(f"{keys_file} holds 1, 2")
         assert "\n" not in message
     with pytest.raises(KeyNotRetirable, match="no legacy key is configured"):
-        rotation.retire_gate(settings, "legacy")
+        retire_gate(settings, "legacy")
     with pytest.raises(KeyNotRetirable, match=r"^key 2 is the current key; promote another key first$"):
-        rotation.retire_gate(settings, "2")
+        retire_gate(settings, "2")
     assert issubclass(KeyNotRetirable, ConfigError)  # exit code 2
-    assert not rotation.retire_gate(settings, "1").open  # a key it holds: answered, closed (rows on it)
+    assert not retire_gate(settings, "1").open  # a key it holds: answered, closed (rows on it)
 
 
 def test_the_current_key_is_refused_even_on_an_empty_table(
@@ -60,8 +60,8 @@ def test_the_current_key_is_refused_even_on_an_empty_table(
     pg_conn.execute("DELETE FROM people")
     settings = settings_for(database_url, keys_file)
     with pytest.raises(KeyNotRetirable, match="key 2 is the current key"):
-        rotation.retire_gate(settings, "2")
-    assert rotation.retire_gate(settings, "1").open  # nothing references key 1 any more
+        retire_gate(settings, "2")
+    assert retire_gate(settings, "1").open  # nothing references key 1 any more
 
 
 def test_fpc1_key_ids_and_the_legacy_key_are_checked_against_the_keyring(
@@ -77,13 +77,13 @@ def test_fpc1_key_ids_and_the_legacy_key_are_checked_against_the_keyring(
     for key, why in (("k3", ""), ("1", ""), ("legacy", " (no legacy key is configured)")):
         with pytest.raises(KeyNotRetirable, match=rf"^key {key} is not in the keyring{'.*' if why else ''}; "
                                                   rf"file .* holds k1, k2025$"):
-            rotation.retire_gate(settings, key)
+            retire_gate(settings, key)
     with pytest.raises(KeyNotRetirable, match="^key k2025 is the current key; promote another key first$"):
-        rotation.retire_gate(settings, "k2025")
-    assert rotation.retire_gate(settings, "k1").open
+        retire_gate(settings, "k2025")
+    assert retire_gate(settings, "k1").open
 
     keys_file.write_text(f'legacy = "{b64(secrets.token_bytes(32))}"\n' + body, encoding="utf-8")
-    assert rotation.retire_gate(settings, "legacy").open  # now held, and no legacy value is left
+    assert retire_gate(settings, "legacy").open  # now held, and no legacy value is left
 
 
 def test_env_keyring_ids_are_what_the_environment_holds(
@@ -96,9 +96,9 @@ def test_env_keyring_ids_are_what_the_environment_holds(
     settings = settings_for(database_url, keys_file).model_copy(
         update={"keys": settings_for(database_url, keys_file).keys.model_copy(update={"provider": "env"})})
     with pytest.raises(KeyNotRetirable, match=r"^key 3 is not in the keyring; env PINROTATE_KEY_\* holds 1, 2$"):
-        rotation.retire_gate(settings, "3")
+        retire_gate(settings, "3")
     with pytest.raises(KeyNotRetirable, match="key 2 is the current key"):
-        rotation.retire_gate(settings, "2")
+        retire_gate(settings, "2")
 
 
 @pytest.mark.vault
@@ -108,20 +108,20 @@ def test_a_transit_keyring_holds_the_versions_transit_still_decrypts(
     provider = transit(openbao, mount, key)
     seed_people(pg_conn, provider, 6, phases=2)  # values on v1 and v2; latest is v3
     settings = transit_settings(database_url, openbao, mount, key)
-    assert not rotation.retire_gate(settings, "1").open and not rotation.retire_gate(settings, "2").open
+    assert not retire_gate(settings, "1").open and not retire_gate(settings, "2").open
     with pytest.raises(KeyNotRetirable, match="^key 3 is the current key; rotate the Transit key first$"):
-        rotation.retire_gate(settings, "3")
+        retire_gate(settings, "3")
     for missing in ("4", "0", "abc", "legacy"):
         with pytest.raises(KeyNotRetirable, match=f"^key {missing} is not in the keyring.*holds versions 1 to 3$"):
-            rotation.retire_gate(settings, missing)
+            retire_gate(settings, missing)
 
     assert rotation.run_rotation(settings).exit_code == 0
-    assert rotation.retire_gate(settings, "1").open
+    assert retire_gate(settings, "1").open
     BaoAdmin.of(openbao).api("POST", f"{mount}/keys/{key}/config", {"min_decryption_version": 2})
     # Retired in Transit: no longer a version it holds (what `keys` lists in its read answer).
     with pytest.raises(KeyNotRetirable, match="key 1 is not in the keyring; vault-transit .* holds versions 2 to 3"):
-        rotation.retire_gate(settings, "1")
-    assert rotation.retire_gate(settings, "2").open
+        retire_gate(settings, "1")
+    assert retire_gate(settings, "2").open
 
 
 def test_cli_gate_refusals_are_exit_2_with_one_line_and_one_json_document(
@@ -155,7 +155,7 @@ def test_an_open_gate_waits_until_the_wal_behind_what_it_read_is_flushed(
     assert row is not None
     after_commit = str(row[0])
 
-    report = rotation.retire_gate(settings, "1")
+    report = retire_gate(settings, "1")
 
     assert report.open
     durability = report.as_dict()["durability"]
@@ -169,7 +169,7 @@ def test_an_open_gate_waits_until_the_wal_behind_what_it_read_is_flushed(
 def test_a_closed_gate_needs_no_wait_and_records_none(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     create_people(pg_conn, keys_file)
-    report = rotation.retire_gate(settings_for(database_url, keys_file), "1")
+    report = retire_gate(settings_for(database_url, keys_file), "1")
     assert not report.open and report.blocking["HISTORICAL"] == ROWS and "durability" not in report.as_dict()
     assert report.targets[PEOPLE]["on_key"] == ROWS
 

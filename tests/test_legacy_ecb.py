@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.schemes.fpc1 import Fpc1CipherSet, parse_fpc1
 
@@ -108,7 +109,7 @@ def test_foreign_ecb_values_are_failed_never_rewritten_and_keep_the_legacy_gate_
 
     deep = rotation.inventory(settings, deep=True).targets["T"]
     assert (deep.counts["ACTIVE"], deep.counts["LEGACY"], deep.counts["FAILED"]) == (GENUINE, FOREIGN, FOREIGN)
-    gate = rotation.retire_gate(settings, "legacy")
+    gate = retire_gate(settings, "legacy")
     assert not gate.open and gate.blocking["FAILED"] == FOREIGN and gate.blocking["LEGACY"] == FOREIGN
 
 

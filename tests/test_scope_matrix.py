@@ -25,6 +25,7 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, VaultSettings, settings_from_mapping
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.vault import VaultTransitKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -444,7 +445,7 @@ def test_gate_counts_out_of_scope_rows_on_the_key_and_is_not_blocked_by_them(cas
     assert excluded_old > 0, "the case needs out-of-scope rows on the old key"
     before = case.snapshot()
 
-    closed = rotation.retire_gate(case.settings, world.old_key, tenant=case.tenant)
+    closed = retire_gate(case.settings, world.old_key, tenant=case.tenant)
 
     assert not closed.open
     assert closed.blocking == {**dict.fromkeys(("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT"), 0),
@@ -455,7 +456,7 @@ def test_gate_counts_out_of_scope_rows_on_the_key_and_is_not_blocked_by_them(cas
     assert case.run(dry_run=False).exit_code == rotation.EXIT_OK
 
     for deep in (True, False):
-        gate = rotation.retire_gate(case.settings, world.old_key, tenant=case.tenant, deep=deep)
+        gate = retire_gate(case.settings, world.old_key, tenant=case.tenant, deep=deep)
         assert gate.open, gate.as_dict()
         assert not any(gate.blocking.values())
         assert gate.targets[TARGET]["on_key"] == 0

@@ -20,11 +20,11 @@ from psycopg import sql
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
-from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
-from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.gate import evaluate_gate, retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
+from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
 
 from .helpers import b64
 
@@ -145,7 +145,7 @@ def test_a_role_subject_to_row_level_security_gets_a_blocked_target_a_closed_gat
     assert inv.counts["BLOCKED"] == 1 and inv.counts["HISTORICAL"] == 0
     assert inv.blocked_reason is not None
     assert "row-level security" in inv.blocked_reason and app_role in inv.blocked_reason
-    gate = rotation.retire_gate(settings, "1")
+    gate = retire_gate(settings, "1")
     assert not gate.open and gate.blocking["BLOCKED"] == 1
     assert "row-level security" in gate.targets[PEOPLE]["blocked_reason"]
     with pytest.raises(ConfigError, match=f"target {PEOPLE}: row-level security on people applies to role "

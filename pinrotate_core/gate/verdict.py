@@ -10,16 +10,14 @@ asked about: it is refused before anything is read (``check_retire_key``).
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from .errors import ConfigError
-from .inventory import Inventory, TargetInventory
-from .keyring import Keyring, is_version
-from .schemes.base import LEGACY_KEY
+from ..errors import ConfigError
+from ..inventory import Inventory, TargetInventory
+from ..keyring import Keyring, is_version
+from ..schemes.base import LEGACY_KEY
 
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
 
@@ -31,7 +29,7 @@ class GateReport:
     blocking: dict[str, int]
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     current_key: str = ""
-    # Filled by rotation.retire_gate for the change-ticket record (gate_record): where the verdict
+    # Filled by gate.retire.retire_gate for the change-ticket record (gate_record): where the verdict
     # was taken, on which keyring, over which scope. Names and counts only.
     database: dict[str, Any] = field(default_factory=dict)
     keyring_source: str = ""
@@ -135,38 +133,3 @@ def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] |
         per_target[name] = entry
     is_open = bool(inventory.targets) and not any(totals.values())
     return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key)
-
-
-RECORD_KIND = "pinrotate gate record"
-TICKET_PATTERN = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
-
-
-def check_ticket(ticket: str) -> str:
-    """A change ticket reference: one line of printable text, at most 200 characters."""
-    if not TICKET_PATTERN.fullmatch(ticket) or not ticket.strip():
-        raise ConfigError("--ticket: must be one line of 1 to 200 printable characters")
-    return ticket.strip()
-
-
-def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime) -> dict[str, Any]:
-    """The value-free evidence Forge's runbook asks to keep with the change ticket before a key is
-    deleted: when, where (database identity), by what (pinrotate's version), on which keyring
-    (its source, never its material), over which tenants, the counts per target, and the verdict."""
-    as_dict = report.as_dict()
-    return {
-        "record": RECORD_KIND,
-        "ticket": ticket,
-        "recorded_at": recorded_at.isoformat(timespec="seconds"),
-        "key": report.key,
-        "verdict": "open" if report.open else "closed",
-        "open": report.open,
-        "blocking": {c: n for c, n in report.blocking.items() if n},
-        "current_key": report.current_key,
-        "database": report.database,
-        "pinrotate_version": application_version(),
-        "keyring_source": report.keyring_source,
-        "scope": report.scope,
-        "tenants": as_dict["tenants"],
-        "targets": {name: {**report.counts.get(name, {}), "gate": gate}
-                    for name, gate in report.targets.items()},
-    }
