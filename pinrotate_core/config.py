@@ -212,6 +212,12 @@ class JobSettings(_Strict):
         return min(max(self.batch_size, self.batch_size_min), self.batch_size_max)
 
 
+class GateSettings(_Strict):
+    """``[gate]``: how long the retire gate may wait before answering (it answers closed when the wait runs out)."""
+
+    wait: float = _seconds(60.0, "PINROTATE_GATE_WAIT", "wait")  # in-flight transactions, standbys' flush
+
+
 class MetricsSettings(_Strict):
     prefix: str = Field(default="profile_crypto_reencrypt", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
     pushgateway: str | None = Field(default=None, validation_alias=env("pushgateway", "PINROTATE_METRICS_PUSHGATEWAY"))
@@ -273,6 +279,7 @@ class Settings(BaseSettings):
     keys: KeysSettings = KeysSettings()
     job: JobSettings = JobSettings()
     metrics: MetricsSettings = MetricsSettings()
+    gate: GateSettings = GateSettings()
     targets: tuple[TargetSettings, ...] = Field(min_length=1, strict=False)
 
     @model_validator(mode="after")
