@@ -22,9 +22,10 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
 from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
+from pinrotate_core.grants import grant_statements
 from pinrotate_core.log import configure_stderr_logging
 
-COMMANDS = ("run", "inventory", "gate", "demo", "keys")
+COMMANDS = ("run", "inventory", "gate", "grants", "demo", "keys")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="change ticket: write a value-free JSON record of the verdict to keep with it")
     gate.add_argument("--record", metavar="PATH",
                       help="where to write the record (default: $PINROTATE_HOME/records/gate-KEY-T-TIME.json)")
+
+    grants = sub.add_parser("grants", help="print the GRANT statements of the least-privilege role (runs nothing)")
+    _common(grants)
+    grants.add_argument("--role", required=True, metavar="ROLE", help="the database role to grant to")
+    grants.add_argument("--read-only", action="store_true", help="an auditor: inventory and gate only")
 
     demo = sub.add_parser("demo", help="embedded PostgreSQL, fresh keys, sample data, then a rotation")
     _common(demo)
@@ -167,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_inventory(ns)
         if ns.command == "gate":
             return cmd_gate(ns)
+        if ns.command == "grants":
+            return cmd_grants(ns)
         if ns.command == "keys":
             from flows import keys_cli
 
@@ -279,6 +287,12 @@ def cmd_gate(ns: argparse.Namespace) -> int:
         human += f"\nrecord for ticket {ticket or '-'} written to {path} (counts and names only, no value or key)"
     emit(ns, d, human)
     return rotation.EXIT_OK if report.open else rotation.EXIT_GATE_CLOSED
+
+
+def cmd_grants(ns: argparse.Namespace) -> int:
+    statements = grant_statements(_settings(ns), ns.role, read_only=ns.read_only)
+    emit(ns, {"role": ns.role, "read_only": ns.read_only, "statements": statements}, "\n".join(statements))
+    return rotation.EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

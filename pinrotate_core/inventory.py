@@ -188,7 +188,7 @@ def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, d
     with raw_connection(engine) as conn:
         for t in chosen:
             try:
-                resolved = resolve_target(conn, t)
+                resolved = resolve_target(conn, t, writing=False)
                 scheme = build_scheme(resolved, keyring, settings.keys, provider)
             except TargetBlocked as e:
                 result.targets[t.name] = blocked_inventory(t, e.reason)

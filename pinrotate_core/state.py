@@ -44,7 +44,14 @@ class StateError(PinrotateError):
 
 
 def _role(conn: psycopg.Connection[Any]) -> str:
-    return conn.info.user or "?"
+    """The role whose privileges PostgreSQL checks (``current_user``: after a SET ROLE, or a login
+    role that differs from the URL's user, that is the one to grant to)."""
+    try:
+        with conn.transaction():  # a savepoint when the failed statement's transaction is still open
+            row = conn.execute("SELECT current_user::text").fetchone()
+    except psycopg.Error:
+        return conn.info.user or "?"
+    return str(row[0]) if row else (conn.info.user or "?")
 
 
 def conflicts_table_exists(conn: psycopg.Connection[Any]) -> bool:

@@ -55,8 +55,13 @@ def relation_of(t: TargetSettings) -> sql.Identifier:
     return sql.Identifier(t.schema_name, t.table_name) if t.schema_name else sql.Identifier(t.table_name)
 
 
-def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings) -> ResolvedTarget:
-    """Check ``t`` against the catalog; raise TargetBlocked naming what is wrong."""
+def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
+                   writing: bool = True) -> ResolvedTarget:
+    """Check ``t`` against the catalog; raise TargetBlocked naming what is wrong.
+
+    ``writing``: a run (UPDATE privilege, a writable connection, triggers it may silence); an
+    inventory or a gate asks only what reading needs.
+    """
     relation = relation_of(t)
     regname = relation.as_string(conn)
     try:
@@ -68,7 +73,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         oid, in_recovery, read_only = row
         if oid is None:
             raise TargetBlocked(t.name, f"table {t.table} does not exist")
-        if in_recovery or read_only == "on":
+        if writing and (in_recovery or read_only == "on"):
             raise TargetBlocked(t.name, "the database connection is read-only")
         cols = {
             str(name): Column(str(name), str(sql_type), str(type_name), char_len if isinstance(char_len, int) else None)
@@ -91,9 +96,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             """,
             (oid,),
         ).fetchone()
-        priv = conn.execute(
-            "SELECT has_table_privilege(%s, 'SELECT'), has_table_privilege(%s, 'UPDATE')", (oid, oid)
-        ).fetchone()
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
 
@@ -102,10 +104,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         raise TargetBlocked(t.name, f"table {t.table} has no single-column primary key")
     if pk[0] != t.id:
         raise TargetBlocked(t.name, f"id column {t.id} is not the primary key of {t.table} (it is {pk[0]})")
-    assert priv is not None
-    if not priv[0] or not priv[1]:
-        raise TargetBlocked(t.name, f"no SELECT and UPDATE privilege on {t.table}")
-
     def need(column: str, role: str) -> Column:
         if column not in cols:
             raise TargetBlocked(t.name, f"{role} column {column} does not exist in {t.table}")
@@ -138,13 +136,48 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             if c.type_name in ("json", "jsonb") and not t.json_paths.get(c.name):
                 raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}: name its encrypted fields "
                                             "in json_paths")
+    written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
+    _check_privileges(conn, t, oid, written if writing else [])
     # The room a value needs after rewriting depends on the data and the current key:
     # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
     _check_row_security(conn, t, oid)
-    written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
-    disable_triggers = _check_triggers(conn, t, oid, written)
+    disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
                           disable_triggers=disable_triggers)
+
+
+def read_columns(t: TargetSettings) -> list[str]:
+    """Every column a run or an inventory of ``t`` reads: id, key version, ciphertexts, scope columns."""
+    names = [t.id, *([t.key_version] if t.key_version else []), *t.columns, *t.require_not_null,
+             *([t.tenant] if t.tenant else []), *([t.soft_delete] if t.soft_delete else [])]
+    return list(dict.fromkeys(names))
+
+
+def _check_privileges(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
+                      written: list[str]) -> None:
+    """BLOCKED unless the role may SELECT every column it reads and UPDATE every column it writes.
+
+    Column by column (``has_column_privilege`` is true for a table-wide grant too), so the least
+    privilege PostgreSQL offers, ``GRANT SELECT (cols), UPDATE (cols) ON table``, is enough. An
+    inventory or a gate writes nothing: it asks for SELECT only (``written`` empty).
+    """
+    wanted = [(c, "SELECT") for c in read_columns(t)] + [(c, "UPDATE") for c in written]
+    try:
+        rows = conn.execute(
+            "SELECT w.col, w.priv, has_column_privilege(%s::oid, w.col, w.priv), current_user::text "
+            "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS w(col, priv, n) ORDER BY w.n",
+            (oid, [c for c, _ in wanted], [p for _, p in wanted])).fetchall()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the column privileges ({type(e).__name__})") from None
+    missing: dict[str, list[str]] = {}
+    role = "?"
+    for column, privilege, granted, role in rows:
+        if not granted:
+            missing.setdefault(str(privilege), []).append(str(column))
+    if missing:
+        grants = "; ".join(f"{p} ({', '.join(cols)})" for p, cols in missing.items())
+        raise TargetBlocked(t.name, f"role {role} lacks {grants} on {t.table} "
+                                    "(python -m flows.rotate grants prints the GRANT statements)")
 
 
 def _check_row_security(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object) -> None:
@@ -177,7 +210,7 @@ def _check_row_security(conn: psycopg.Connection[tuple[object, ...]], t: TargetS
 
 
 def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
-                    written: list[str]) -> bool:
+                    written: list[str], *, writing: bool = True) -> bool:
     """Apply the target's ``triggers`` setting; True when batches must run with triggers disabled.
 
     Looks at the non-internal, enabled UPDATE triggers of the table and of its partitions and
@@ -231,6 +264,8 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
         raise TargetBlocked(t.name, f"triggers = \"disable\" cannot silence {', '.join(still_firing)} on {t.table} "
                                     "(ENABLE ALWAYS or ENABLE REPLICA triggers fire under session_replication_role "
                                     "= replica)")
+    if not writing:
+        return True  # whether this role may silence them matters only to a run that writes
     try:
         role_row = conn.execute("SELECT current_user").fetchone()
     except psycopg.Error as e:
