@@ -220,6 +220,9 @@ def install_stop_handlers() -> None:
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     settings = _settings(ns)
+    from flows.prefect_api import check_prefect_api
+
+    check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
     preflight(settings, ns)
     return run_through_flow(ns, config_path=ns.config, dry_run=ns.dry_run, targets=ns.target or None,
                             tenant=ns.tenant, expected_key_version=ns.expected_key_version)
