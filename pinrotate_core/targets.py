@@ -170,11 +170,11 @@ def _check_privileges(conn: psycopg.Connection[tuple[object, ...]], t: TargetSet
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the column privileges ({type(e).__name__})") from None
     missing: dict[str, list[str]] = {}
-    role = "?"
-    for column, privilege, granted, role in rows:
+    for column, privilege, granted, _ in rows:
         if not granted:
             missing.setdefault(str(privilege), []).append(str(column))
     if missing:
+        role = str(rows[0][3])
         grants = "; ".join(f"{p} ({', '.join(cols)})" for p, cols in missing.items())
         raise TargetBlocked(t.name, f"role {role} lacks {grants} on {t.table} "
                                     "(python -m flows.rotate grants prints the GRANT statements)")

@@ -79,7 +79,7 @@ def _api(url: str, auth: str, path: str, body: dict[str, Any]) -> Any:
 
 
 def _prefect(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "prefect", *args], env={**os.environ, **env},
+    return subprocess.run([sys.executable, "-m", "prefect", *args], check=False, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
 
 

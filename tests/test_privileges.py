@@ -100,7 +100,7 @@ def test_a_read_only_auditor_inventories_and_gates_with_the_owners_answer_and_ca
     owner_code, owner_gate, _ = cli("gate", "--retire", "1", "--config", str(profile.config_path), "--json")
     assert (code, gate["open"], gate["blocking"]) == (owner_code, owner_gate["open"], owner_gate["blocking"]), err
 
-    code, out, err = cli("run", "--config", config)
+    code, _, err = cli("run", "--config", config)
     assert code == 2
     last = err.strip().splitlines()[-1]
     assert f"role {auditor} lacks UPDATE (" in last and "Traceback" not in err
