@@ -168,10 +168,14 @@ def test_a_control_value_is_read_as_pause_batch_size_and_delay(value: Any, expec
 
 
 @pytest.mark.parametrize(("value", "problem"), [
-    ({"paused": "yes"}, "paused must be true or false"),
-    ({"batch_size": -5}, "batch_size must be a positive integer or null"),
-    ({"batch_size": 1.5}, "batch_size must be a positive integer or null"),
-    ({"delay": "1s"}, "delay must be a number of seconds >= 0 or null"),
+    ({"paused": "yes"}, "paused: Input should be a valid boolean"),
+    ({"batch_size": -5}, "batch_size: Input should be greater than or equal to 1"),
+    ({"batch_size": 1.5}, "batch_size: Input should be a valid integer"),
+    ({"batch_size": True}, "batch_size: Input should be a valid integer"),
+    ({"batch_size": 10**23}, "batch_size: Input should be less than or equal to 100000"),
+    ({"delay": "1s"}, "delay: Input should be a valid number"),
+    ({"delay": 1e308}, "delay: Input should be less than or equal to 3600"),
+    ('{"delay": Infinity}', "delay: Input should be a finite number"),
     ({"pause": True}, "unknown field pause"),
     ([1, 2], "not a JSON object"),
     ("{paused", "not valid JSON"),
@@ -450,7 +454,7 @@ def test_an_invalid_operator_value_pauses_fail_safe(engine: sa.Engine) -> None:
     throttle = Throttle(engine, BatchSizer(100), control=lambda: {"paused": "no"}, poll_interval=0.05)
     state = throttle.check()
     assert state.reason == REASON_PAUSED
-    assert state.control.invalid == "paused must be true or false"
+    assert state.control.invalid == "paused: Input should be a valid boolean"
 
 
 def test_a_deadline_ends_the_wait(engine: sa.Engine) -> None:
