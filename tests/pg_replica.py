@@ -154,6 +154,43 @@ def wal_receiver(primary_admin_url: str, folder: Path) -> Iterator[str]:
             receiver.wait(_START_LIMIT_S)
 
 
+@contextlib.contextmanager
+def logical_decoding() -> Iterator[str]:
+    """A throwaway server with ``wal_level = logical`` (the test servers are ``replica``) and a real
+    ``pg_recvlogical`` streaming from it: a walsender that shows in ``pg_stat_replication`` but is
+    no standby. Yields the server's admin URL."""
+    root = Path(tempfile.mkdtemp(prefix="pinrotate-logical-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "embedded_postgres", "embedded_postgres")
+    root.chmod(0o755)
+    data_dir, port = root / "data", REPLICA_PORT + 1
+    url = f"postgresql://postgres@/postgres?host={quote(str(root))}&port={port}"
+    _run_as_server_user([_bin("initdb"), "-D", str(data_dir), "-U", "postgres", "-A", "trust", "--no-sync"])
+    _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-w", "-l", str(root / "log"),
+                         "-o", f'-h "" -k {root} -p {port} -c wal_level=logical -c fsync=off', "start"])
+    receiver: subprocess.Popen[bytes] | None = None
+    try:
+        receiver = subprocess.Popen([_bin("pg_recvlogical"), "-h", str(root), "-p", str(port), "-U", "postgres",
+                                     "-d", "postgres", "-S", "pinrotate_test", "-P", "test_decoding",
+                                     "--create-slot", "--start", "-f", "-", "-s", "1"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + _START_LIMIT_S
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not (conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone() or (0,))[0]:
+                if receiver.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("pg_recvlogical does not stream")
+                time.sleep(0.1)
+        yield url
+    finally:
+        if receiver is not None:
+            receiver.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                receiver.wait(_START_LIMIT_S)
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pg_replica(_pg_registry: object) -> Iterator[Replica]:
     """A streaming replica of the embedded test server (started once, on first use)."""

@@ -38,7 +38,7 @@ from pinrotate_core.throttle import (
     parse_control,
 )
 
-from .pg_replica import Replica, pg_replica, replicated_database, wal_receiver  # noqa: F401
+from .pg_replica import Replica, logical_decoding, pg_replica, replicated_database, wal_receiver  # noqa: F401
 
 BOUND_S = 60.0  # only a bound against a hang; never asserted on
 
@@ -574,6 +574,18 @@ def test_pg_receivewal_is_not_a_standby_and_max_replica_lag_does_not_wait_for_it
         assert lags and not any(name.startswith(receiver) for name in lags)  # the standby only
         assert throttle.lag_meter.problems() == {}
         Waiter(throttle).join()
+
+
+def test_pg_recvlogical_is_not_a_standby_and_max_replica_lag_does_not_wait_for_it() -> None:
+    with logical_decoding() as url:
+        engine = make_engine(url, pool_size=1)
+        try:
+            throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.3), poll_interval=0.05)
+            state = throttle.check()
+            assert state.reason is None and state.replica_lag == 0.0  # no standby at all
+            assert throttle.lag_meter is not None and throttle.lag_meter.problems() == {}
+        finally:
+            engine.dispose()
 
 
 # -- every wait honours the run's limits (issue 23, point 11) -------------------------------------
