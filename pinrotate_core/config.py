@@ -139,10 +139,16 @@ class KeysSettings(_Strict):
         return pinrotate_home() / "keys.toml"
 
 
-def _seconds(default: float | None, variable: str, name: str, *, ge: float | None = None) -> Any:
+def _seconds(default: float | None, variable: str, name: str, *, ge: float | None = None,
+             le: float | None = None) -> Any:
     """A duration in seconds (> 0 unless ``ge`` says otherwise), overridable by ``variable``."""
     limits = {"ge": ge} if ge is not None else {"gt": 0}
-    return Field(default=default, validation_alias=env(name, variable), **limits)
+    return Field(default=default, validation_alias=env(name, variable), le=le, **limits)
+
+
+# A batch's SET LOCAL timeouts: PostgreSQL takes whole milliseconds in an int32 and reads 0 as
+# "no timeout", so 1 ms .. 2^31-1 ms (never rounded down to 0).
+PG_TIMEOUT: dict[str, float] = {"ge": 0.001, "le": 2_147_483.647}
 
 
 class JobSettings(_Strict):
@@ -172,11 +178,11 @@ class JobSettings(_Strict):
     critical_active_sessions: int | None = Field(default=None, gt=0, validation_alias=env(
         "critical_active_sessions", "PINROTATE_CRITICAL_ACTIVE_SESSIONS"))
     # Per batch transaction (SET LOCAL lock_timeout / statement_timeout).
-    lock_timeout: float = _seconds(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout")
-    statement_timeout: float = _seconds(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout")
+    lock_timeout: float = _seconds(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout", **PG_TIMEOUT)
+    statement_timeout: float = _seconds(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout", **PG_TIMEOUT)
     # SET LOCAL idle_in_transaction_session_timeout: the server ends a batch transaction that sits
     # this long between two statements (a stuck key provider, a frozen process) and frees its rows.
-    batch_idle_timeout: float = _seconds(60.0, "PINROTATE_BATCH_IDLE_TIMEOUT", "batch_idle_timeout")
+    batch_idle_timeout: float = _seconds(60.0, "PINROTATE_BATCH_IDLE_TIMEOUT", "batch_idle_timeout", **PG_TIMEOUT)
     # The Prefect Variable an operator sets to slow down or pause running drains.
     throttle_variable: str = Field(default="pinrotate_throttle", pattern=r"^[a-z0-9_-]{1,255}$",
                                    validation_alias=env("throttle_variable", "PINROTATE_THROTTLE_VARIABLE"))

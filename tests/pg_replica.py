@@ -93,8 +93,7 @@ def start_replica(primary_admin_url: str) -> Iterator[Replica]:
     assert wal_level and wal_level[0] in ("replica", "logical"), "the embedded primary needs wal_level=replica"
     assert senders and int(senders[0]) > 0, "the embedded primary needs max_wal_senders > 0"
     assert hba and hba[0], "the embedded primary needs a local replication line in pg_hba.conf"
-    primary_socket = dict(p.split("=", 1) for p in urlsplit(primary_admin_url).query.split("&") if "=" in p)["host"]
-    primary_port = urlsplit(primary_admin_url).port or 5432
+    primary_socket, primary_port = _socket_and_port(primary_admin_url)
 
     root = Path(tempfile.mkdtemp(prefix="pinrotate-replica-"))
     data_dir = root / "data"
@@ -117,6 +116,76 @@ def start_replica(primary_admin_url: str) -> Iterator[Replica]:
                 time.sleep(0.1)
         yield replica
     finally:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _socket_and_port(admin_url: str) -> tuple[str, int]:
+    query = dict(p.split("=", 1) for p in urlsplit(admin_url).query.split("&") if "=" in p)
+    return query["host"], urlsplit(admin_url).port or 5432
+
+
+@contextlib.contextmanager
+def wal_receiver(primary_admin_url: str, folder: Path) -> Iterator[str]:
+    """A real ``pg_receivewal`` streaming the primary's WAL into ``folder``: a WAL consumer that
+    shows in ``pg_stat_replication`` but never replays. Yields its application_name, once it has
+    reported where it wrote."""
+    socket, port = _socket_and_port(primary_admin_url)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"pg_receivewal_{os.getpid()}"
+    receiver = subprocess.Popen([_bin("pg_receivewal"), "-D", str(folder), "-h", socket, "-p", str(port),
+                                 "-U", "postgres", "-n", "--no-sync", "-s", "1"],
+                                env={**os.environ, "PGAPPNAME": name}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + _START_LIMIT_S
+        with psycopg.connect(primary_admin_url, autocommit=True) as conn:
+            while not (conn.execute("SELECT count(*) FROM pg_stat_replication WHERE application_name = %s"
+                                    " AND write_lsn IS NOT NULL", (name,)).fetchone() or (0,))[0]:
+                if receiver.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("pg_receivewal does not stream: " + (receiver.communicate()[1] or b"")
+                                       .decode(errors="replace")[-2000:])
+                time.sleep(0.1)
+        yield name
+    finally:
+        receiver.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            receiver.wait(_START_LIMIT_S)
+
+
+@contextlib.contextmanager
+def logical_decoding() -> Iterator[str]:
+    """A throwaway server with ``wal_level = logical`` (the test servers are ``replica``) and a real
+    ``pg_recvlogical`` streaming from it: a walsender that shows in ``pg_stat_replication`` but is
+    no standby. Yields the server's admin URL."""
+    root = Path(tempfile.mkdtemp(prefix="pinrotate-logical-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "embedded_postgres", "embedded_postgres")
+    root.chmod(0o755)
+    data_dir, port = root / "data", REPLICA_PORT + 1
+    url = f"postgresql://postgres@/postgres?host={quote(str(root))}&port={port}"
+    _run_as_server_user([_bin("initdb"), "-D", str(data_dir), "-U", "postgres", "-A", "trust", "--no-sync"])
+    _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-w", "-l", str(root / "log"),
+                         "-o", f'-h "" -k {root} -p {port} -c wal_level=logical -c fsync=off', "start"])
+    receiver: subprocess.Popen[bytes] | None = None
+    try:
+        receiver = subprocess.Popen([_bin("pg_recvlogical"), "-h", str(root), "-p", str(port), "-U", "postgres",
+                                     "-d", "postgres", "-S", "pinrotate_test", "-P", "test_decoding",
+                                     "--create-slot", "--start", "-f", "-", "-s", "1"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + _START_LIMIT_S
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not (conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone() or (0,))[0]:
+                if receiver.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("pg_recvlogical does not stream")
+                time.sleep(0.1)
+        yield url
+    finally:
+        if receiver is not None:
+            receiver.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                receiver.wait(_START_LIMIT_S)
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-m", "immediate", "-w", "stop"])
         shutil.rmtree(root, ignore_errors=True)

@@ -20,12 +20,17 @@ import sqlalchemy as sa
 from pinrotate_core.db import make_engine
 from pinrotate_core.errors import ThrottleCritical
 from pinrotate_core.metrics import RotationMetrics
+from pinrotate_core.rotation import LOCK_NAME
 from pinrotate_core.throttle import (
+    LOCKS_POLL_INTERVAL,
+    MAX_BATCH_SIZE,
+    MAX_DELAY,
     REASON_LAG,
     REASON_LOAD,
     REASON_LOCKS,
     REASON_PAUSED,
     BatchSizer,
+    OperatorControl,
     ReplicaLagMeter,
     Throttle,
     ThrottleControl,
@@ -33,7 +38,7 @@ from pinrotate_core.throttle import (
     parse_control,
 )
 
-from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
+from .pg_replica import Replica, logical_decoding, pg_replica, replicated_database, wal_receiver  # noqa: F401
 
 BOUND_S = 60.0  # only a bound against a hang; never asserted on
 
@@ -168,10 +173,14 @@ def test_a_control_value_is_read_as_pause_batch_size_and_delay(value: Any, expec
 
 
 @pytest.mark.parametrize(("value", "problem"), [
-    ({"paused": "yes"}, "paused must be true or false"),
-    ({"batch_size": -5}, "batch_size must be a positive integer or null"),
-    ({"batch_size": 1.5}, "batch_size must be a positive integer or null"),
-    ({"delay": "1s"}, "delay must be a number of seconds >= 0 or null"),
+    ({"paused": "yes"}, "paused: Input should be a valid boolean"),
+    ({"batch_size": -5}, "batch_size: Input should be greater than or equal to 1"),
+    ({"batch_size": 1.5}, "batch_size: Input should be a valid integer"),
+    ({"batch_size": True}, "batch_size: Input should be a valid integer"),
+    ({"batch_size": 10**23}, "batch_size: Input should be less than or equal to 100000"),
+    ({"delay": "1s"}, "delay: Input should be a valid number"),
+    ({"delay": 1e308}, "delay: Input should be less than or equal to 3600"),
+    ('{"delay": Infinity}', "delay: Input should be a finite number"),
     ({"pause": True}, "unknown field pause"),
     ([1, 2], "not a JSON object"),
     ("{paused", "not valid JSON"),
@@ -450,7 +459,7 @@ def test_an_invalid_operator_value_pauses_fail_safe(engine: sa.Engine) -> None:
     throttle = Throttle(engine, BatchSizer(100), control=lambda: {"paused": "no"}, poll_interval=0.05)
     state = throttle.check()
     assert state.reason == REASON_PAUSED
-    assert state.control.invalid == "paused must be true or false"
+    assert state.control.invalid == "paused: Input should be a valid boolean"
 
 
 def test_a_deadline_ends_the_wait(engine: sa.Engine) -> None:
@@ -458,6 +467,169 @@ def test_a_deadline_ends_the_wait(engine: sa.Engine) -> None:
     waiter = Waiter(throttle, deadline=time.monotonic() + 0.3)
     waiter.join()
     assert throttle.waited[REASON_PAUSED] > 0
+
+
+# -- only signals that are ours (issue 23, point 7) --------------------------------------------
+
+
+def test_a_session_waiting_on_our_single_instance_advisory_lock_is_not_held_up_by_a_batch(
+        engine: sa.Engine, replicated_database: str) -> None:
+    ours = psycopg.connect(replicated_database, autocommit=True, application_name="pinrotate")
+    app = psycopg.connect(replicated_database, autocommit=True, application_name="app")
+    sizer = BatchSizer(400)
+    throttle = Throttle(engine, sizer, poll_interval=0.05, tables=["account"])
+    try:
+        ours.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (LOCK_NAME,))
+        waiting = threading.Thread(target=app.execute, daemon=True,
+                                   args=("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (LOCK_NAME,)))
+        waiting.start()
+        with psycopg.connect(replicated_database, autocommit=True) as probe:
+            wait_until(lambda: (probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app'"
+                                              " AND wait_event = 'advisory'").fetchone() or (0,))[0] == 1,
+                       "the application session waiting on the advisory lock")
+        state = throttle.check()
+        assert state.reason is None and state.blocked == 0
+        waiter = Waiter(throttle)
+        waiter.join()
+        assert sizer.size == 400 and throttle.waited[REASON_LOCKS] == 0
+        ours.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (LOCK_NAME,))
+        waiting.join(BOUND_S)
+    finally:
+        ours.close()
+        app.close()
+
+
+def test_a_row_lock_wait_counts_only_on_a_drained_table(engine: sa.Engine, replicated_database: str) -> None:
+    with psycopg.connect(replicated_database, autocommit=True) as setup:
+        setup.execute("CREATE SCHEMA ledger")
+        for table in ("ledger.account", "audit"):
+            setup.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n int)")
+            setup.execute(f"INSERT INTO {table} VALUES (1, 0)")
+    ours = psycopg.connect(replicated_database, autocommit=True, application_name="pinrotate")
+    app = psycopg.connect(replicated_database, autocommit=True, application_name="app")
+    throttle = Throttle(engine, BatchSizer(400), poll_interval=0.05, tables=["ledger.account"])
+    try:
+        for table, counts in (("audit", 0), ("ledger.account", 1)):
+            ours.execute("BEGIN")
+            ours.execute(f"SELECT * FROM {table} WHERE id = 1 FOR NO KEY UPDATE")
+            update = threading.Thread(target=app.execute, args=(f"UPDATE {table} SET n = n + 1 WHERE id = 1",),
+                                      daemon=True)
+            update.start()
+            with psycopg.connect(replicated_database, autocommit=True) as probe:
+                wait_until(lambda: (probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                                  " 'app' AND wait_event_type = 'Lock'").fetchone() or (0,))[0] == 1,
+                           f"the application session waiting for a row of {table}")
+            state = throttle.check()
+            assert state.blocked == counts, table
+            assert state.reason == (REASON_LOCKS if counts else None)
+            ours.execute("COMMIT")
+            update.join(BOUND_S)
+    finally:
+        ours.close()
+        app.close()
+
+
+def test_a_wait_for_locks_backs_off_instead_of_looking_every_20_ms(engine: sa.Engine,
+                                                                   replicated_database: str) -> None:
+    with psycopg.connect(replicated_database, autocommit=True) as setup:
+        setup.execute("CREATE TABLE account (id int PRIMARY KEY, n int)")
+        setup.execute("INSERT INTO account VALUES (1, 0)")
+    ours = psycopg.connect(replicated_database, autocommit=True, application_name="pinrotate")
+    app = psycopg.connect(replicated_database, autocommit=True, application_name="app")
+    looks = [0]
+
+    def control() -> None:  # asked once per look
+        looks[0] += 1
+
+    throttle = Throttle(engine, BatchSizer(400), control=control, tables=["account"])
+    try:
+        ours.execute("BEGIN")
+        ours.execute("SELECT * FROM account WHERE id = 1 FOR NO KEY UPDATE")
+        threading.Thread(target=app.execute, args=("UPDATE account SET n = 1 WHERE id = 1",), daemon=True).start()
+        wait_until(lambda: throttle.check().reason == REASON_LOCKS, "the application session blocked by us")
+        waiter = Waiter(throttle)
+        wait_until(lambda: throttle.waited[REASON_LOCKS] > 4.0, "four seconds of waiting for locks")
+        assert not waiter.returned()
+        # At one look per 20 ms that would be 200 looks; backing off to one per second, about a dozen.
+        assert looks[0] < 4.0 / LOCKS_POLL_INTERVAL / 5, looks[0]
+        ours.execute("COMMIT")
+        waiter.join()
+    finally:
+        ours.close()
+        app.close()
+
+
+def test_pg_receivewal_is_not_a_standby_and_max_replica_lag_does_not_wait_for_it(
+        engine: sa.Engine, pg_replica: Replica, replicated_database: str, tmp_path: Any) -> None:
+    with wal_receiver(pg_replica.primary_admin_url, tmp_path / "wal") as receiver:
+        write_some_wal(replicated_database)
+        pg_replica.wait_caught_up()
+        throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.3), poll_interval=0.05)
+        wait_until(lambda: throttle.check().reason is None, "no lag with the standby caught up")
+        assert throttle.lag_meter is not None
+        with engine.connect() as sa_conn:
+            conn = sa_conn.connection.driver_connection
+            assert isinstance(conn, psycopg.Connection)
+            lags = throttle.lag_meter.measure(conn)
+        assert lags and not any(name.startswith(receiver) for name in lags)  # the standby only
+        assert throttle.lag_meter.problems() == {}
+        Waiter(throttle).join()
+
+
+def test_pg_recvlogical_is_not_a_standby_and_max_replica_lag_does_not_wait_for_it() -> None:
+    with logical_decoding() as url:
+        engine = make_engine(url, pool_size=1)
+        try:
+            throttle = Throttle(engine, BatchSizer(100), ThrottleLimits(max_replica_lag=0.3), poll_interval=0.05)
+            state = throttle.check()
+            assert state.reason is None and state.replica_lag == 0.0  # no standby at all
+            assert throttle.lag_meter is not None and throttle.lag_meter.problems() == {}
+        finally:
+            engine.dispose()
+
+
+# -- every wait honours the run's limits (issue 23, point 11) -------------------------------------
+
+
+def test_the_operator_control_is_bounded_and_documented_as_a_strict_model() -> None:
+    schema = OperatorControl.model_json_schema()
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["batch_size"]["anyOf"][0]["maximum"] == MAX_BATCH_SIZE
+    assert schema["properties"]["delay"]["anyOf"][0]["maximum"] == MAX_DELAY
+    assert parse_control({"delay": MAX_DELAY, "batch_size": MAX_BATCH_SIZE}) == ThrottleControl(
+        batch_size=MAX_BATCH_SIZE, delay=MAX_DELAY)
+
+
+def test_a_long_operator_delay_ends_as_soon_as_the_operator_clears_it(engine: sa.Engine) -> None:
+    value: dict[str, Any] = {"delay": MAX_DELAY}
+    reads = [0]
+
+    def control() -> dict[str, Any]:
+        reads[0] += 1
+        return dict(value)
+
+    throttle = Throttle(engine, BatchSizer(100), control=control, poll_interval=0.05)
+    waiter = Waiter(throttle)  # not the first batch: the operator's delay is due
+    wait_until(lambda: reads[0] >= 3, "the control re-read during the delay")
+    assert not waiter.returned()
+    value.clear()
+    waiter.join()  # within a slice, not after an hour
+
+
+def test_a_refused_operator_value_pauses_and_deleting_it_resumes(engine: sa.Engine) -> None:
+    value: list[Any] = [{"delay": 1e308}]
+    throttle = Throttle(engine, BatchSizer(100), control=lambda: value[0], poll_interval=0.05)
+    waiter = Waiter(throttle)
+    wait_until(lambda: throttle.waited[REASON_PAUSED] > 0, "paused fail-safe on a delay beyond its bound")
+    assert throttle.last_state.control.invalid == "delay: Input should be less than or equal to 3600"
+    value[0] = None  # the Variable deleted
+    waiter.join()
+
+
+def test_the_pause_between_batches_ends_at_the_run_deadline(engine: sa.Engine) -> None:
+    throttle = Throttle(engine, BatchSizer(100), delay=600.0, poll_interval=0.05)
+    throttle.check()
+    Waiter(throttle, deadline=time.monotonic() + 0.3).join()  # bounded by BOUND_S, far below 600 s
 
 
 def _sleep_until_cancelled(conn: psycopg.Connection[Any]) -> None:

@@ -20,6 +20,8 @@ import psycopg
 import pytest
 
 from pinrotate_core import rotation
+from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.errors import ConfigError
 
 from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
 from .test_drain_pin import PinDb
@@ -72,7 +74,7 @@ class Run:
     """``run_rotation`` over the Person target in a thread."""
 
     def __init__(self, db: PinDb, control: Callable[[], Any] | None = None, **job: Any) -> None:
-        settings = db.settings(batch_size=20, inter_batch_delay=0.02, **job)
+        settings = db.settings(**{"batch_size": 20, "inter_batch_delay": 0.02, **job})
         self.report: rotation.RunReport | None = None
         self.error: BaseException | None = None
         self.stop = threading.Event()
@@ -182,3 +184,68 @@ def test_the_variable_reader_caches_and_keeps_the_last_value_when_the_api_is_unr
             assert control() == {}
     finally:
         Variable.unset(name)
+
+
+def test_an_application_session_waiting_on_the_single_instance_lock_does_not_stall_the_run(
+        pin: PinDb, log_lines: list[str]) -> None:
+    app = psycopg.connect(pin.url, autocommit=True, application_name="app")
+    run = Run(pin, control=lambda: None, single_instance=True)
+    try:
+        wait_until(lambda: on_new_key(pin) > 0, "the first batches (the run holds its lock)")
+        waiting = threading.Thread(target=app.execute, daemon=True,
+                                   args=("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (rotation.LOCK_NAME,)))
+        waiting.start()
+        wait_until(lambda: (pin.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app'"
+                                             " AND wait_event = 'advisory'").fetchone() or (0,))[0] == 1
+                   or not run.thread.is_alive(), "the application session waiting on the run's lock")
+        report = run.finish()
+        assert report.exit_code == rotation.EXIT_OK
+        assert on_new_key(pin) == PERSONS
+        assert not any("event=throttle_backoff" in line for line in log_lines)
+        waiting.join(BOUND_S)  # the run's end freed the lock
+    finally:
+        app.close()
+
+
+def test_a_variable_delay_beyond_its_bound_pauses_and_deleting_the_variable_resumes(
+        pin: PinDb, prefect_api: str, log_lines: list[str]) -> None:
+    from prefect.variables import Variable
+
+    from flows.throttle import VariableThrottleControl
+
+    name = f"pinrotate_throttle_{uuid.uuid4().hex[:8]}"
+    run = Run(pin, control=VariableThrottleControl(name, ttl=0.2))
+    try:
+        wait_until(lambda: on_new_key(pin) > 0, "the first batches")
+        Variable.set(name, {"delay": 1e308}, overwrite=True)
+        held = wait_until_still(pin)
+        assert 0 < held < PERSONS
+        assert any("event=throttle_control_invalid" in line and "delay" in line for line in log_lines)
+    finally:
+        Variable.unset(name)
+    report = run.finish()
+    assert report.exit_code == rotation.EXIT_OK
+    assert on_new_key(pin) == PERSONS
+
+
+def test_an_inter_batch_delay_longer_than_the_run_ends_at_max_run_duration(pin: PinDb) -> None:
+    report = Run(pin, control=lambda: None, inter_batch_delay=600, max_run_duration=3).finish()  # BOUND_S < 600
+    assert report.exit_code == rotation.EXIT_OK
+    assert report.targets["Person"].stopped == "deadline"
+    assert 0 < on_new_key(pin) < PERSONS
+
+
+def test_the_largest_batch_timeouts_postgresql_accepts_are_accepted_and_applied(pin: PinDb) -> None:
+    largest = 2_147_483.647  # 2^31 - 1 ms
+    report = Run(pin, control=lambda: None, lock_timeout=largest, statement_timeout=largest,
+                 batch_idle_timeout=largest).finish()
+    assert report.exit_code == rotation.EXIT_OK
+    assert on_new_key(pin) == PERSONS
+
+
+@pytest.mark.parametrize("setting", ["lock_timeout", "statement_timeout", "batch_idle_timeout"])
+@pytest.mark.parametrize("seconds", [0.0004, 2_147_483.648, 1e12])
+def test_a_batch_timeout_postgresql_would_read_as_none_or_refuse_is_refused_at_start(
+        pin: PinDb, setting: str, seconds: float) -> None:
+    with pytest.raises(ConfigError, match=f"job.{setting}"):
+        settings_from_mapping(pin.raw_settings(**{setting: seconds}), env={})
