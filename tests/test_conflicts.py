@@ -27,7 +27,7 @@ from pinrotate_core import rotation
 from pinrotate_core.drain import Drain, DrainOptions
 from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
-from pinrotate_core.schemes.fpc1 import parse_fpc1
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from pinrotate_core.state import CREATE_SQL, conflicts_table_exists
 
 from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, forge_settings, fpc1, write_keys

@@ -24,7 +24,7 @@ from pinrotate_core.errors import ConfigError, RefusedToStart
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.providers import build_provider
 from pinrotate_core.providers.forge import ForgeKeyProvider
-from pinrotate_core.schemes.fpc1 import parse_fpc1
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 
 from .forge_bootstrap import P, b64, bootstrap_props, write_bootstrap_file
 from .helpers import assert_secret_free

@@ -28,7 +28,7 @@ from pinrotate_core.schemes._json_paths import (
     set_json_path,
 )
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
-from pinrotate_core.schemes.fpc1 import (
+from pinrotate_core.schemes.fpc1_values import (
     Fpc1CipherSet,
     LegacyCipher,
     classify,

@@ -32,7 +32,7 @@ from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.base import ValueClass
-from pinrotate_core.schemes.fpc1 import Fpc1CipherSet, classify_value, length_after, parse_fpc1
+from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet, classify_value, length_after, parse_fpc1
 from pinrotate_core.scope import live_condition
 
 from .helpers import assert_secret_free
@@ -485,7 +485,6 @@ BLOCKED_CASES = {
     "no primary key": ("CREATE TABLE creds (id bigint, pw text)", {}, "no single-column primary key"),
     "composite primary key": ("CREATE TABLE creds (id bigint, k int, pw text, PRIMARY KEY (id, k))", {},
                               "no single-column primary key"),
-    "read-only connection": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)", {}, "read-only"),
     "missing tenant column": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)", {"tenant": "tenant_id"},
                               "tenant column tenant_id does not exist"),
     "missing soft-delete column": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)", {"soft_delete": "deleted"},
@@ -504,9 +503,6 @@ def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_ru
         pg_conn.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)" if "composite" not in cause else
                         "INSERT INTO creds (id, k, pw) VALUES (1, 1, %s), (2, 1, %s)",
                         (legacy_gcm(b"x" * 40), fpc1("k1", K1, b"short")))
-    if cause == "read-only connection":
-        pg_conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(
-            sql.Identifier(pg_conn.info.dbname)))
     write_keys(keys_file)
     settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], **target})
     before = pg_conn.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds").fetchall()
@@ -521,6 +517,26 @@ def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_ru
         rotation.run_rotation(settings, dry_run=True)
     after = pg_conn.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds").fetchall()
     assert after == before
+
+
+def test_a_read_only_connection_refuses_the_run_but_inventory_and_gate_read_through_it(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)")
+    pg_conn.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)",
+                    (legacy_gcm(b"x" * 40), fpc1("k1", K1, b"short")))
+    pg_conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(
+        sql.Identifier(pg_conn.info.dbname)))
+    write_keys(keys_file)
+    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"]})
+    before = pg_conn.execute("SELECT * FROM creds").fetchall()
+
+    # Reading needs no writable connection (an auditor, a standby): counted, not BLOCKED.
+    inv = rotation.inventory(settings).targets["T"]
+    assert inv.counts["BLOCKED"] == 0 and inv.counts["LEGACY"] == 1 and inv.by_key == {"legacy": 1, "k1": 1}
+    assert not retire_gate(settings, "k1").open  # closed by the value still on k1
+    with pytest.raises(ConfigError, match="read-only"):
+        rotation.run_rotation(settings, expected_key="k2")
+    assert pg_conn.execute("SELECT * FROM creds").fetchall() == before
 
 
 def test_a_column_wide_enough_for_every_new_value_is_not_blocked(

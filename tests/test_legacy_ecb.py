@@ -23,7 +23,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
-from pinrotate_core.schemes.fpc1 import Fpc1CipherSet, parse_fpc1
+from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet, parse_fpc1
 
 from .test_fpc1_migration import K1, K2, custom_settings, legacy_ecb, write_keys
 

@@ -29,7 +29,7 @@ from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.vault import VaultTransitKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
-from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
+from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet
 
 from .vault_server import BaoAdmin
 

@@ -24,7 +24,7 @@ from pinrotate_core.gate import evaluate_gate, retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
-from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
+from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet
 
 from .helpers import b64
 

@@ -20,7 +20,8 @@ from ..keyring import Keyring
 from ..targets import ResolvedTarget
 from .aesgcm import AesGcmScheme
 from .base import Scheme
-from .fpc1 import Fpc1CipherSet, Fpc1Scheme
+from .fpc1 import Fpc1Scheme
+from .fpc1_values import Fpc1CipherSet
 from .transit import TransitScheme
 
 # (resolved target, the run's keyring, [keys] settings, the provider as Rewrapper port) -> Scheme
