@@ -824,9 +824,11 @@ class Drain:
                 reached = True
                 if self.scheme.guard == "cas":
                     try:
+                        # A shard (an id range) adds its conflicts and clears nothing: its siblings'
+                        # are not its own (record_run_conflicts replaces them once all have ended).
                         record_conflicts(conn, self.target.name, result.conflicts_by_tenant,
                                          tenant_scope=self.options.tenant, complete=result.stopped is None,
-                                         run_id=self.options.run_id)
+                                         run_id=self.options.run_id, shard=self.options.id_range != (None, None))
                     except StateError as e:
                         result.state_error = str(e)
         except (psycopg.Error, DatabaseError) as e:

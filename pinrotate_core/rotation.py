@@ -33,9 +33,9 @@ from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .schemes import build_scheme, check_keyring
+from .schemes import build_scheme, check_keyring, write_guard
 from .schemes.base import DECRYPT_FAILED, LEGACY_KEY, Scheme
-from .state import StateError, ensure_conflicts_table
+from .state import StateError, ensure_conflicts_table, record_conflicts
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 
@@ -276,6 +276,33 @@ def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     A big table's backlogs are estimates (``Shard.exact`` false); a drain started from one counts
     what it leaves when it ends, as every drain does."""
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
+
+
+def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], sharded: Sequence[str]) -> None:
+    """Once every shard of a ``sharded`` target has ended: record the run's CONFLICT counts for it,
+    as an unsharded run does (each shard only added its own, clearing nothing). Replaces what
+    earlier runs left when every shard completed, else keeps the larger count. A failure to record
+    leaves the target fail-closed (``state_error``)."""
+    names = [t.name for t in ctx.targets if t.name in sharded and t.name in results and write_guard(t.format) == "cas"]
+    if ctx.dry_run or not names:
+        return
+    try:
+        with raw_connection(ctx.engine) as conn:
+            for name in names:
+                r = results[name]
+                try:
+                    record_conflicts(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
+                                     complete=r.stopped is None, run_id=ctx.run_id)
+                except StateError as e:
+                    r.state_error = str(e)
+    except DatabaseError:
+        for name in names:
+            results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+    for name in names:
+        r = results[name]
+        if r.state_error is not None:
+            r.error = r.error or f"target {name}: {r.state_error}"
+            log_event("state_not_saved", level=40, run_id=ctx.run_id, target=name, error=r.state_error)
 
 
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
