@@ -455,7 +455,10 @@ class Drain:
             if not row:
                 return 0, [], 0
             stale = int(row[0])
-            bounds = sorted({b for b in row[1] or [] if b is not None})
+            # In the server's order (percentile_disc returns them ascending by the key's own
+            # collation and operators), never re-sorted here: Python's order of a text key is not
+            # the server's under a natural collation, and the ranges would overlap.
+            bounds = list(dict.fromkeys(b for b in row[1] or [] if b is not None))
             return stale, bounds, stale if sample_percent is None else int(row[2])
 
         if backlog > 2 * SAMPLE_ROWS:
