@@ -162,11 +162,13 @@ class RunContext:
 
 def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
              expected_key: str | None = None, tenant: str | None = None, run_id: str | None = None,
-             engine: sa.Engine | None = None) -> RunContext:
-    """Validate everything that can be validated before touching the database."""
+             engine: sa.Engine | None = None, create_keyring: bool = False) -> RunContext:
+    """Validate everything that can be validated before touching the database. ``create_keyring``:
+    only for a run's first start (contract §3, "created on first use"): a ``file`` keyring absent
+    there is created; every other step (a shard, a worker, verify) refuses a missing one."""
     targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
     check_tenant_scope(targets, tenant)
-    provider = build_provider(settings)
+    provider = build_provider(settings, create_keyring=create_keyring)
     if engine is None:
         workers = settings.job.max_degree_of_parallelism
         engine = make_engine(database_url(settings), pool_size=3 * workers + 2)
@@ -393,7 +395,8 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
     """The whole run without an orchestrator: targets drained one after another, in order.
 
     ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
-    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
+    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant,
+                   create_keyring=True)
     if stop is not None:
         ctx.stop = stop
     ctx.throttle_control = throttle_control
