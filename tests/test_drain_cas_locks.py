@@ -111,21 +111,24 @@ def test_an_edit_made_while_the_row_was_locked_is_not_overwritten_and_moves_once
         app: psycopg.Connection[Any]) -> None:
     write_keys(keys_file)
     # The application edits two of its locked rows (one with a stale keyring: under k1) and commits
-    # only after the drain has passed them.
+    # once the pass has written its last batch (nothing is read ahead any more): the sweep reads
+    # the rows again.
     stale_app_value = fpc1("k1", K1, b"typed by the user, old keyring")
     fresh_app_value = fpc1("k2", K2, b"typed by the user")
     app.execute("UPDATE creds SET pw = %s WHERE id = 2", (stale_app_value,))
     app.execute("UPDATE creds SET pw = %s WHERE id = 11", (fresh_app_value,))
     committed: list[int] = []
 
-    def application_commits_after_batch_1(event: BatchEvent) -> None:
-        if not committed:
+    last_batch = -(-ROWS // BATCH)
+
+    def application_commits_after_the_pass(event: BatchEvent) -> None:
+        if not committed and event.batch == last_batch:
             app.execute("COMMIT")
             committed.append(event.batch)
 
-    result = drain(settings(database_url, keys_file), on_batch=application_commits_after_batch_1)
+    result = drain(settings(database_url, keys_file), on_batch=application_commits_after_the_pass)
 
-    assert committed == [1]
+    assert committed == [last_batch]
     assert result.stopped is None and result.conflicts == 0 and not result.fail_closed
     # The sweep read the rows again after the commit: the application's k1 value moved (its
     # plaintext kept), its k2 value was left alone, row 3 (locked, unedited) moved too.
