@@ -56,7 +56,7 @@ def run(ns: argparse.Namespace) -> int:
         url = server.get_uri()
         keys_file = sandbox / "keys" / "keys.toml"
         keys_settings: dict[str, Any] = {"provider": "file", "file": str(keys_file)}
-        provider: KeyringAdmin = FileKeyProvider(keys_file)
+        provider: KeyringAdmin = FileKeyProvider(keys_file, create=True)
         if ns.keys == "vault":
             vault = stack.enter_context(_vault_for_demo(ns, sandbox))
             # The token reaches the flow through VAULT_TOKEN, never through the configuration file.

@@ -20,8 +20,9 @@ Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
 
 def run(ns: argparse.Namespace, emit: Emit) -> int:
     settings = load_settings(ns.config)
-    provider = build_provider(settings)
     action = ns.keys_command
+    # Only `keys add` may begin a keyring; list and promote refuse a missing one.
+    provider = build_provider(settings, create_keyring=action == "add")
     if action == "list":
         ring = provider.load_keyring()
         doc = {"provider": provider.description, "current": ring.current, "keys": ring.ids(),

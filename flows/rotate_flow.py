@@ -164,6 +164,10 @@ class ShardDrains:
             out.setdefault(s.target, []).append(s.result)
         return {name: merge_results(parts) for name, parts in out.items()}
 
+    def sharded(self) -> list[str]:
+        """Targets drained as id ranges (more than one shard): their shards recorded CONFLICTs additively."""
+        return sorted({s.target for s in self.shards if s.id_range is not None and tuple(s.id_range) != (None, None)})
+
     def rows(self) -> list[dict[str, Any]]:
         """Per-shard counts for the report table (names and counts only)."""
         return [{"target": s.target, "shard": s.shard, "worker": s.worker,
@@ -206,6 +210,8 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
             drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
+    # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.
+    rotation.record_run_conflicts(ctx, report.targets, drains.sharded())
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
     results = {name: result_as_dict(r) for name, r in report.targets.items()}
     if report.cancelled:

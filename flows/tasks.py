@@ -48,7 +48,7 @@ from pinrotate_core.drain import (
     DrainResult,
     natural_id_order,
 )
-from pinrotate_core.errors import DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
+from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
 from pinrotate_core.log import configure_stderr_logging
 from pinrotate_core.schemes.base import FailedRow
 
@@ -74,6 +74,8 @@ class RunSpec:
 def opened(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers: int = 1,
            announce: bool = False) -> Iterator[rotation.RunContext]:
     """The run as one task sees it: settings, keyring and targets loaded here, connections of its own.
+    Only the run's first start (``announce``: the read_current_key task) may create a ``file``
+    keyring that is absent; any other task (a shard on a Dask worker) refuses a missing one.
 
     Refuses (``RefusedToStart``), before anything is written, when the current key is no longer the
     one the run started with.
@@ -82,7 +84,7 @@ def opened(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers:
     names = spec.targets if target_names is None else tuple(target_names)
     engine = make_engine(database_url(settings), pool_size=3 * workers + 1)
     ctx = rotation.open_run(settings, target_names=names, dry_run=spec.dry_run, expected_key=spec.expected_key,
-                            tenant=spec.tenant, run_id=spec.run_id, engine=engine)
+                            tenant=spec.tenant, run_id=spec.run_id, engine=engine, create_keyring=announce)
     if spec.deadline is not None:
         # The deadline is wall-clock time shared by every process; the drain counts in monotonic time.
         ctx.started = time.monotonic() + (spec.deadline - time.time()) - settings.job.max_run_duration
@@ -234,7 +236,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
                 planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
                                         planned_backlog=planned)
-        except RefusedToStart as e:
+        except (RefusedToStart, ConfigError) as e:  # e.g. no keyring file on this worker's host
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)

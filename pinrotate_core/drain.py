@@ -3,7 +3,8 @@
 One pipeline for every scheme: keyset pagination by id (``id > last``) over the rows the scheme
 calls stale and the scope rule admits, one transaction per batch, the scheme's write guard (rows
 locked ``FOR NO KEY UPDATE SKIP LOCKED``, or compare-and-swap on the values read), set-based
-writes, workers owning disjoint id ranges, sweeps for rows that were locked by someone else, stop
+writes, workers owning disjoint id ranges, sweeps for rows that were locked by someone else (a
+compare-and-swap write locks its rows ``SKIP LOCKED`` too: it never waits on an application), stop
 rules between batches, and a durability barrier before it reports. A provider failure rolls the
 open batch back and stops the target; a value that does not decrypt is left unchanged and
 reported. It never writes anything but the cipher columns (and the key-version column), and never
@@ -147,6 +148,7 @@ class _Outcome:
     conflicts: int = 0
     settled: int = 0  # CAS misses whose value another run had already moved
     lost: list[tuple[Any, str, str, int]] = field(default_factory=list)  # (id, column, tenant, values)
+    held: list[Any] = field(default_factory=list)  # cas: ids of rows someone else held locked, left for the sweep
     committed: float = 0.0  # perf_counter() at COMMIT
 
 
@@ -203,6 +205,7 @@ class _Tally:
         self.counts: dict[str, int] = {}
         self.conflicts_by_tenant: dict[str, int] = {}
         self.failed: dict[tuple[str, str], FailedRow] = {}
+        self.held: set[Any] = set()  # cas: rows someone else held locked at the write, for the sweep
         self.error: BaseException | None = None
         self.sample: list[Any] = []  # reservoir of re-encrypted ids, re-read by the verify step
         self._seen = 0
@@ -217,6 +220,7 @@ class _Tally:
                 self.counts[name] = self.counts.get(name, 0) + n
             if outcome.settled:
                 self.counts["settled_elsewhere"] = self.counts.get("settled_elsewhere", 0) + outcome.settled
+            self.held.update(outcome.held)
             for _, _, tenant, n in outcome.lost:
                 self.conflicts_by_tenant[tenant] = self.conflicts_by_tenant.get(tenant, 0) + n
             for f in plan.failed:
@@ -235,6 +239,12 @@ class _Tally:
     def failed_ids(self) -> frozenset[str]:
         with self.lock:
             return frozenset(i for i, _ in self.failed)
+
+    def take_held(self) -> frozenset[Any]:
+        """The rows left because someone else held them locked, forgotten here (a sweep tries them again)."""
+        with self.lock:
+            held, self.held = frozenset(self.held), set()
+            return held
 
 
 class Drain:
@@ -321,9 +331,17 @@ class Drain:
                 else:
                     sets.append(sql.SQL("{} = u.{}").format(sql.Identifier(c.name), new))
                     same.append(sql.SQL("{} = u.{}").format(ref, old))
+            # Lock first, never wait: a row an application holds locked is skipped (left for the
+            # sweep or the next run, as the lock guard's SKIP LOCKED leaves it), the others are
+            # locked and written where they still hold the values read. (true, id) per row
+            # written, (false, id) per row locked.
             statement = sql.SQL(
-                "UPDATE {rel} AS t SET {sets} FROM unnest({arrays}) AS u(pinrotate_id, {names}) "
-                "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} RETURNING t.{id}"
+                "WITH pinrotate_locked AS MATERIALIZED ("
+                "SELECT u.* FROM unnest({arrays}) AS u(pinrotate_id, {names}) JOIN {rel} AS t "
+                "ON t.{id} = u.pinrotate_id FOR NO KEY UPDATE OF t SKIP LOCKED), "
+                "pinrotate_moved AS (UPDATE {rel} AS t SET {sets} FROM pinrotate_locked AS u "
+                "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} RETURNING t.{id} AS pinrotate_id) "
+                "SELECT true, pinrotate_id FROM pinrotate_moved UNION ALL SELECT false, pinrotate_id FROM pinrotate_locked"
             ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
                      names=sql.SQL(", ").join(names), id=self._id, same=sql.SQL(" AND ").join(same),
                      scope=self._scope_t)
@@ -437,7 +455,10 @@ class Drain:
             if not row:
                 return 0, [], 0
             stale = int(row[0])
-            bounds = sorted({b for b in row[1] or [] if b is not None})
+            # In the server's order (percentile_disc returns them ascending by the key's own
+            # collation and operators), never re-sorted here: Python's order of a text key is not
+            # the server's under a natural collation, and the ranges would overlap.
+            bounds = list(dict.fromkeys(b for b in row[1] or [] if b is not None))
             return stale, bounds, stale if sample_percent is None else int(row[2])
 
         if backlog > 2 * SAMPLE_ROWS:
@@ -519,11 +540,18 @@ class Drain:
         params: list[Any] = [write.ids]
         for old, new in zip(write.old, write.new):
             params += [old, new]
-        matched = {r[0] for r in conn.execute(self._update(write), params).fetchall()}
+        matched: set[Any] = set()
+        locked: set[Any] = set()
+        for moved, row_id in conn.execute(self._update(write), params).fetchall():
+            (matched if moved else locked).add(row_id)
+        # Not locked: someone else holds the row (or it is gone); locked but not written: a miss.
         missed = [i for i, row_id in enumerate(write.ids) if row_id not in matched]
         settled: set[Any] = set()
+        held: set[Any] = set()
         if missed:
-            # A miss whose value is already on the current key was moved by another run: not a conflict.
+            # A miss whose value is already on the current key was moved by another run: not a
+            # conflict. A row we could not lock that is still there (in scope) is held by someone
+            # else: left as it is, for the sweep. A row that is gone is a conflict, as before.
             columns = [self.target.columns[j] for j in write.columns]
             query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s) AND {scope}").format(
                 id=self._id, cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name))
@@ -531,7 +559,9 @@ class Drain:
                 rel=self.target.relation, scope=self._scope)
             read = {write.ids[i]: [old[i] for old in write.old] for i in missed}
             for row in conn.execute(query, [list(read)]).fetchall():
-                if all(self.scheme.settled(c, r, v) for c, r, v in zip(columns, read[row[0]], row[1:])):
+                if row[0] not in locked:
+                    held.add(row[0])
+                elif all(self.scheme.settled(c, r, v) for c, r, v in zip(columns, read[row[0]], row[1:])):
                     settled.add(row[0])
         column = ",".join(self.target.columns[j].name for j in write.columns)
         for i, row_id in enumerate(write.ids):
@@ -539,6 +569,8 @@ class Drain:
                 outcome.reencrypted += write.weights[i]
             elif row_id in settled:
                 outcome.settled += write.weights[i]
+            elif row_id in held:
+                outcome.held.append(row_id)
             else:
                 outcome.conflicts += write.weights[i]
                 outcome.lost.append((row_id, column, write.tenants[i] or NO_TENANT, write.weights[i]))
@@ -554,6 +586,7 @@ class Drain:
                            conflicts=outcome.conflicts)
         log_event("batch_processed", run_id=opts.run_id or None, target=name, worker=worker, batch=batch_no,
                   rows=rows, reencrypted=event.reencrypted, failed=event.failed, conflicts=event.conflicts or None,
+                  held_by_others=len(outcome.held) or None,
                   unknown=plan.counts.get("unknown") or None, legacy_left=plan.counts.get("legacy_left") or None,
                   duration_ms=round(event.duration_ms, 1), dry_run=opts.dry_run or None)
         for f in plan.failed:
@@ -571,8 +604,9 @@ class Drain:
 
     # -- a pass --------------------------------------------------------------------------------
 
-    def _pass(self, worker: int, lo: Any, hi: Any) -> str | None:
-        """One keyset pass over ``(lo, hi]``; returns why it stopped early, or None when done.
+    def _pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
+        """One keyset pass over ``(lo, hi]``; returns why it stopped early, or None when done. With
+        ``only`` (a compare-and-swap sweep), only those rows are planned and written.
 
         Pipelined over three connections: while this thread re-encrypts batch N, a reader thread
         reads (and locks) batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the
@@ -622,6 +656,8 @@ class Drain:
                     if len(rows) == fetched.size:  # more to come: lock the next batch while this one is worked
                         next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
                                                    conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
+                    if only is not None:
+                        rows = [r for r in rows if r[0] in only]
                     plan = self.scheme.plan(rows, self.tally.failed_ids())
                     if opts.before_write is not None:
                         opts.before_write(k + 1, [r[0] for r in rows])
@@ -664,9 +700,9 @@ class Drain:
                 halt_pass.set()
         return reason
 
-    def _guarded_pass(self, worker: int, lo: Any, hi: Any) -> str | None:
+    def _guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
         try:
-            return self._pass(worker, lo, hi)
+            return self._pass(worker, lo, hi, only)
         except KeyUnavailable as e:
             self._fail(e, STOP_KEY_UNAVAILABLE, worker)
             return STOP_KEY_UNAVAILABLE
@@ -726,6 +762,17 @@ class Drain:
                     reason = _first_reason([f.result() for f in futures])
             # Sweep from the start: SKIP LOCKED passed over rows that a live transaction held.
             sweeps = 0
+            while reason is None and not self._locks and not opts.dry_run and sweeps < MAX_SWEEPS:
+                # Compare-and-swap: only the rows an application held locked at the write are tried
+                # again (a conflict is left as it is, for the next run to read afresh).
+                held = self.tally.take_held()
+                if not held:
+                    break
+                before = self.tally.reencrypted
+                sweeps += 1
+                reason = self._guarded_pass(0, lo, hi, held)
+                if self.tally.reencrypted == before:
+                    break  # still locked by someone else: the next run takes them
             while reason is None and self._locks and sweeps < MAX_SWEEPS:
                 with raw_connection(self.engine) as conn:
                     left, unfailed = self._count_left(conn, self.tally.failed_ids())
@@ -780,9 +827,11 @@ class Drain:
                 reached = True
                 if self.scheme.guard == "cas":
                     try:
+                        # A shard (an id range) adds its conflicts and clears nothing: its siblings'
+                        # are not its own (record_run_conflicts replaces them once all have ended).
                         record_conflicts(conn, self.target.name, result.conflicts_by_tenant,
                                          tenant_scope=self.options.tenant, complete=result.stopped is None,
-                                         run_id=self.options.run_id)
+                                         run_id=self.options.run_id, shard=self.options.id_range != (None, None))
                     except StateError as e:
                         result.state_error = str(e)
         except (psycopg.Error, DatabaseError) as e:

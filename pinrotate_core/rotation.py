@@ -27,10 +27,10 @@ from .inventory import Inventory, capacity_blocker, take_inventory
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .schemes import build_scheme, check_keyring
+from .schemes import build_scheme, check_keyring, write_guard
 from .schemes.base import DECRYPT_FAILED, Scheme
 from .scope import check_tenant_scope
-from .state import StateError, ensure_conflicts_table
+from .state import StateError, ensure_conflicts_table, record_conflicts
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 
@@ -156,11 +156,13 @@ class RunContext:
 
 def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
              expected_key: str | None = None, tenant: str | None = None, run_id: str | None = None,
-             engine: sa.Engine | None = None) -> RunContext:
-    """Validate everything that can be validated before touching the database."""
+             engine: sa.Engine | None = None, create_keyring: bool = False) -> RunContext:
+    """Validate everything that can be validated before touching the database. ``create_keyring``:
+    only for a run's first start (contract §3, "created on first use"): a ``file`` keyring absent
+    there is created; every other step (a shard, a worker, verify) refuses a missing one."""
     targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
     check_tenant_scope(targets, tenant)
-    provider = build_provider(settings)
+    provider = build_provider(settings, create_keyring=create_keyring)
     if engine is None:
         workers = settings.job.max_degree_of_parallelism
         engine = make_engine(database_url(settings), pool_size=3 * workers + 2)
@@ -264,6 +266,33 @@ def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
+def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], sharded: Sequence[str]) -> None:
+    """Once every shard of a ``sharded`` target has ended: record the run's CONFLICT counts for it,
+    as an unsharded run does (each shard only added its own, clearing nothing). Replaces what
+    earlier runs left when every shard completed, else keeps the larger count. A failure to record
+    leaves the target fail-closed (``state_error``)."""
+    names = [t.name for t in ctx.targets if t.name in sharded and t.name in results and write_guard(t.format) == "cas"]
+    if ctx.dry_run or not names:
+        return
+    try:
+        with raw_connection(ctx.engine) as conn:
+            for name in names:
+                r = results[name]
+                try:
+                    record_conflicts(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
+                                     complete=r.stopped is None, run_id=ctx.run_id)
+                except StateError as e:
+                    r.state_error = str(e)
+    except DatabaseError:
+        for name in names:
+            results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+    for name in names:
+        r = results[name]
+        if r.state_error is not None:
+            r.error = r.error or f"target {name}: {r.state_error}"
+            log_event("state_not_saved", level=40, run_id=ctx.run_id, target=name, error=r.state_error)
+
+
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
     out: dict[str, Any] = {}
@@ -330,7 +359,8 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
     """The whole run without an orchestrator: targets drained one after another, in order.
 
     ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
-    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant)
+    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant,
+                   create_keyring=True)
     if stop is not None:
         ctx.stop = stop
     ctx.throttle_control = throttle_control

@@ -83,7 +83,7 @@ def ensure_conflicts_table(conn: psycopg.Connection[Any]) -> None:
 
 
 def record_conflicts(conn: psycopg.Connection[Any], target: str, by_tenant: Mapping[str, int], *,
-                     tenant_scope: str | None, complete: bool, run_id: str = "") -> None:
+                     tenant_scope: str | None, complete: bool, run_id: str = "", shard: bool = False) -> None:
     """Store the CONFLICT counts of one non-dry run of ``target`` (one transaction, flushed to disk
     before it returns: a gate must never miss a conflict a crash could lose).
 
@@ -91,6 +91,12 @@ def record_conflicts(conn: psycopg.Connection[Any], target: str, by_tenant: Mapp
     so a later clean run clears earlier conflicts. A run that stopped early saw only part of the
     target: it clears nothing, and a tenant's count becomes the larger of the stored one and its own
     (the conflicts it did not revisit may still stand).
+
+    One ``shard`` of a run (an id range) saw only its range, complete or not: it clears nothing and
+    adds its counts to what other shards of the same run (``run_id``) recorded (the larger, against
+    an earlier run's count), so sibling shards never erase each other's conflicts. Once every shard
+    of the target has ended, the run records its total once more, unsharded, which replaces (or,
+    if a shard stopped early, keeps the larger of) what the shards left.
     """
     found = {t: n for t, n in by_tenant.items() if n > 0}
     try:
@@ -100,6 +106,16 @@ def record_conflicts(conn: psycopg.Connection[Any], target: str, by_tenant: Mapp
         with conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
+            if shard:
+                found = {t: n for t, n in found.items() if tenant_scope is None or t == tenant_scope}
+                for tenant, n in sorted(found.items()):
+                    conn.execute(sql.SQL(
+                        "INSERT INTO {t} (target, tenant, conflicts, run_id) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT (target, tenant) DO UPDATE SET conflicts = CASE WHEN {t}.run_id = "
+                        "EXCLUDED.run_id THEN {t}.conflicts + EXCLUDED.conflicts ELSE GREATEST({t}.conflicts, "
+                        "EXCLUDED.conflicts) END, run_id = EXCLUDED.run_id, recorded_at = now()").format(t=_TABLE),
+                        (target, tenant, n, run_id))
+                return
             if complete and tenant_scope is None:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(_TABLE), (target,))
             elif complete:

@@ -20,6 +20,11 @@ from .errors import DatabaseError, TargetBlocked
 CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar"}
 INTEGER_TYPES = {"int2", "int4", "int8", "numeric"}
 FPC1_TYPES = {"text", "varchar", "json", "jsonb"}
+# Primary key types the drain pages and shards by: the driver reads and binds them as the server's
+# own type, so every range (id > last, a shard's (lo, hi]) is compared by the server's order (a text
+# key's collation included). Others (citext, a domain, an enum) would be read back as bare text and
+# compared as text, not in the key's order: BLOCKED.
+ID_TYPES = {"int2", "int4", "int8", "numeric", "uuid", "text", "varchar", "bpchar"}
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,10 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         return cols[column]
 
     id_column = need(t.id, "id")
+    if id_column.type_name not in ID_TYPES:
+        raise TargetBlocked(t.name, f"id column {t.id} is {id_column.sql_type}: pinrotate pages and shards rows by "
+                                    "the primary key in the server's own order, and supports integer, numeric, uuid "
+                                    "and text or varchar keys only")
     key_version = None
     if t.key_version:
         key_version = need(t.key_version, "key_version")

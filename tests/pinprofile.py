@@ -27,7 +27,7 @@ class PinProfile:
     summary: presets.SeedSummary
 
     def provider(self) -> FileKeyProvider:
-        return FileKeyProvider(self.keys_file)
+        return FileKeyProvider(self.keys_file, create=True)
 
     def key_versions(self, table: str) -> dict[Any, int]:
         with psycopg.connect(self.url) as conn:
@@ -49,7 +49,7 @@ def write_config(path: Path, url: str, keys_file: Path, **job: Any) -> Path:
 def seed_profile(url: str, tmp: Path, *, rows: int, promote: bool = True, **job: Any) -> PinProfile:
     """Schema + ``rows`` persons (and the other tables) under key 1; key 2 added and promoted."""
     keys_file = tmp / "keys" / "keys.toml"
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     ring = provider.load_keyring()
     with psycopg.connect(url, autocommit=True) as conn:
         presets.apply_pin_profile_schema(conn)

@@ -140,3 +140,59 @@ def test_tenant_scope_on_targets_without_a_tenant_column_exits_2(primary_databas
     for args in (["inventory", "--tenant", "t1"], ["gate", "--retire", "1", "--tenant", "t1"]):
         code, _, err = cli(*args, "--config", str(profile.config_path))
         assert code == 2 and "--tenant" in err and "Person" in err
+
+
+@pytest.mark.parametrize("args", [["inventory"], ["inventory", "--deep"], ["gate", "--retire", "1"], ["keys", "list"],
+                                  ["keys", "promote", "2"]], ids=["inventory", "inventory-deep", "gate", "keys-list",
+                                                                  "keys-promote"])
+def test_a_read_path_with_a_missing_keys_file_exits_2_naming_it_and_creates_no_keyring(
+        primary_database_url: str, tmp_path: Path, args: list[str]) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=10)
+    missing = tmp_path / "elsewhere" / "keys.toml"
+    missing.parent.mkdir(mode=0o700)
+    config = write_config(tmp_path / "other.toml", primary_database_url, missing)
+    before = sorted(p.name for p in missing.parent.iterdir())
+
+    code, _, err = cli(*args, "--config", str(config))
+
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(missing) in lines[0] and "does not exist" in lines[0], err
+    assert "Traceback" not in err
+    assert not missing.exists()
+    assert sorted(p.name for p in missing.parent.iterdir()) == before  # not even a lock file
+    # The profile's own keyring and rows were not touched either.
+    assert profile.keys_file.exists()
+
+
+def test_keys_add_creates_the_first_keyring(tmp_path: Path, primary_database_url: str) -> None:
+    keys_file = tmp_path / "k" / "keys.toml"
+    config = write_config(tmp_path / "pinrotate.toml", primary_database_url, keys_file)
+    code, doc, err = cli("keys", "add", "--config", str(config), "--json")
+    assert code == 0, err
+    assert keys_file.exists() and doc["current"] == "1"
+
+
+def test_a_shard_task_on_a_host_without_the_keys_file_refuses_and_only_the_runs_first_start_creates_it(
+        primary_database_url: str, tmp_path: Path) -> None:
+    import uuid
+
+    from flows.tasks import RunSpec, opened
+    from pinrotate_core.errors import ConfigError
+
+    seed_profile(primary_database_url, tmp_path, rows=10)
+    missing = tmp_path / "worker-host" / "keys.toml"
+    missing.parent.mkdir(mode=0o700)
+    config = write_config(tmp_path / "worker.toml", primary_database_url, missing)
+    spec = RunSpec(config_path=str(config), run_id=str(uuid.uuid4()))
+
+    # What drain_shard (and plan_shards, verify, the gate report) open on a Dask worker.
+    with pytest.raises(ConfigError, match="does not exist") as refused, opened(spec, ["Person"]):
+        pass
+    assert str(missing) in str(refused.value) and "\n" not in str(refused.value)
+    assert not missing.exists() and not any(missing.parent.iterdir())
+
+    # The run's first start (the read_current_key task) is where contract §3's "created on first use" holds.
+    with opened(spec, announce=True) as ctx:
+        assert ctx.keyring is not None
+    assert missing.exists()

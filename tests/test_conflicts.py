@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import re
 import secrets
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import pytest
 from psycopg import sql
 
 from pinrotate_core import rotation
-from pinrotate_core.drain import Drain, DrainOptions
+from pinrotate_core.drain import Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.schemes.fpc1_values import parse_fpc1
@@ -265,3 +266,102 @@ def test_a_gate_role_that_may_not_read_the_conflicts_table_is_blocked_and_an_abs
     assert f"role {app_role} may not read pinrotate.conflicts" in (inv.blocked_reason or "")
     gate = retire_gate(reader, "k1")
     assert not gate.open and gate.blocking["BLOCKED"] == 1
+
+
+# --- sharded runs ---------------------------------------------------------------------------------------
+
+
+SHARDED_ROWS = 120  # two shards of at least MIN_BATCHES_PER_SHARD batches of 2
+
+
+def sharded_creds(pg_conn: psycopg.Connection[Any]) -> None:
+    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, tenant text NOT NULL, pw text)")
+    pg_conn.cursor().executemany("INSERT INTO creds VALUES (%s, %s, %s)",
+                                 [(i, "a", fpc1("k1", K1, f"password {i}".encode())) for i in range(1, SHARDED_ROWS + 1)])
+
+
+def drain_shards(settings: Any, pg_conn: psycopg.Connection[Any], stop_shard: int | None = None) -> tuple[
+        rotation.RunContext, list[Any], list[int]]:
+    """The flow's steps in one process: plan two shards, drain them one after the other (an
+    application edit in each shard's first batch: one CONFLICT each), and leave the run open."""
+    from pinrotate_core.state import last_conflicts
+
+    ctx = rotation.open_run(settings, target_names=["T"], expected_key="k2")
+    rotation.read_current_key(ctx)
+    rotation.resolve_all(ctx)
+    shards = rotation.plan_shards(ctx, "T", 2)
+    assert len(shards) == 2 and all(s.id_range != (None, None) for s in shards)
+    results = []
+    recorded = []
+    for n, shard in enumerate(shards):
+        stop = threading.Event()
+
+        def edit_first_row(batch: int, ids: Sequence[Any], n: int = n, stop: threading.Event = stop) -> None:
+            if batch == 1:
+                pg_conn.execute("UPDATE creds SET pw = %s WHERE id = %s",
+                                (fpc1("k2", K2, b"typed by the user"), ids[0]))
+            if n == stop_shard and batch == 3:
+                stop.set()
+
+        options = DrainOptions(batch_size=2, run_id=ctx.run_id, before_write=edit_first_row, stop=stop,
+                               id_range=shard.id_range, planned_backlog=shard.rows)
+        results.append(Drain(ctx.engine, ctx.schemes["T"], options).run())
+        recorded.append(last_conflicts(pg_conn, "T"))
+    return ctx, results, recorded
+
+
+def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
+    """As the flow folds a target's shards: conflicts add up, the first stop stands."""
+    merged = DrainResult(parts[0].target, parts[0].current_key)
+    for p in parts:
+        merged.conflicts += p.conflicts
+        for tenant, n in p.conflicts_by_tenant.items():
+            merged.conflicts_by_tenant[tenant] = merged.conflicts_by_tenant.get(tenant, 0) + n
+        merged.stopped = merged.stopped or p.stopped
+    return merged
+
+
+def test_sibling_shards_keep_each_others_conflicts_and_the_run_records_what_is_left(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    from pinrotate_core.state import last_conflicts, record_conflicts
+
+    sharded_creds(pg_conn)
+    write_keys(keys_file)
+    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], "tenant": "tenant"})
+    # An earlier run left 5 conflicts; none of them stands any more (this run re-reads every row).
+    record_conflicts(pg_conn, "T", {"a": 5}, tenant_scope=None, complete=True, run_id="earlier")
+
+    ctx, results, recorded = drain_shards(settings, pg_conn)
+    try:
+        assert [r.conflicts for r in results] == [1, 1] and all(r.stopped is None for r in results)
+        # The second shard to end erased nothing of the first one's.
+        assert recorded[1] >= recorded[0] >= 5 and recorded[1] >= 6
+        merged = {"T": merge_results(results)}
+        rotation.record_run_conflicts(ctx, merged, ["T"])
+    finally:
+        ctx.close()
+    assert merged["T"].state_error is None
+    # Every shard completed: the run's count replaces the earlier one, and equals what is left.
+    assert last_conflicts(pg_conn, "T") == 2
+    gate = rotation.retire_gate(settings, "k1")
+    assert not gate.open and gate.blocking["CONFLICT"] == 2
+
+
+def test_a_sharded_run_with_a_shard_that_stopped_early_clears_nothing_of_earlier_runs(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    from pinrotate_core.state import last_conflicts, record_conflicts
+
+    sharded_creds(pg_conn)
+    write_keys(keys_file)
+    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], "tenant": "tenant"})
+    record_conflicts(pg_conn, "T", {"a": 5}, tenant_scope=None, complete=True, run_id="earlier")
+
+    ctx, results, _ = drain_shards(settings, pg_conn, stop_shard=1)
+    try:
+        assert results[1].stopped is not None and results[0].stopped is None
+        merged = {"T": merge_results(results)}
+        rotation.record_run_conflicts(ctx, merged, ["T"])
+    finally:
+        ctx.close()
+    # The second shard did not see its whole range: the earlier conflicts may still stand there.
+    assert last_conflicts(pg_conn, "T") >= 5

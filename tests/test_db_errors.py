@@ -64,7 +64,7 @@ def keyring_file(tmp_path: Path) -> Path:
     from pinrotate_core.providers.file import FileKeyProvider
 
     path = tmp_path / "keys" / "keys.toml"
-    provider = FileKeyProvider(path)
+    provider = FileKeyProvider(path, create=True)
     provider.load_keyring()
     # Key 2 current, key 1 retirable: the gate gets past its key check and reaches the database.
     provider.add_key()

@@ -111,7 +111,7 @@ class PinDb:
     provider: FileKeyProvider = field(init=False)
 
     def __post_init__(self) -> None:
-        self.provider = FileKeyProvider(self.keys_file)
+        self.provider = FileKeyProvider(self.keys_file, create=True)
         self.provider.load_keyring()  # key 1, current 1
         presets.apply_pin_profile_schema(self.conn)
 

@@ -715,17 +715,23 @@ def test_a_keyring_fpc1_cannot_use_stops_the_start_and_touches_nothing(
 # --- bootstrap ----------------------------------------------------------------------------------
 
 
-def test_first_use_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_migration_runs_on_it(
+def test_first_run_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_inventory_never_does(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     Forge(pg_conn)
     pg_conn.execute("DELETE FROM data_connections; DELETE FROM lowcode_configs")
     settings = forge_settings(database_url, keys_file)
     assert not keys_file.exists()
+    # A read never makes up a keyring: inventory refuses, naming the file.
+    with pytest.raises(ConfigError, match="does not exist"):
+        rotation.inventory(settings)
+    assert not keys_file.exists()
 
-    inv = rotation.inventory(settings)
+    first = rotation.run_rotation(settings, dry_run=True)  # a first run's start creates it (contract §3)
 
+    assert first.exit_code == 0
     assert keys_file.exists() and (keys_file.stat().st_mode & 0o777) == 0o600
     keyring = FileKeyProvider(keys_file, style="fpc1").load_keyring()
+    inv = rotation.inventory(settings)
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", keyring.current) and inv.current_key == keyring.current
     assert [len(k.material) for k in keyring.keys.values()] == [16]
     value = Fpc1CipherSet(keyring).encrypt_current(b"first password")

@@ -53,7 +53,7 @@ def write_private(path: Path, text: str) -> None:
 
 def test_first_use_creates_a_keyring_with_one_fresh_32_byte_key_current_1(tmp_path: Path) -> None:
     path = tmp_path / "home" / "keys.toml"
-    ring = FileKeyProvider(path).load_keyring()
+    ring = FileKeyProvider(path, create=True).load_keyring()
     assert ring.current == "1"
     assert list(ring.keys) == ["1"]
     assert len(ring.keys["1"].material) == 32
@@ -63,43 +63,43 @@ def test_first_use_creates_a_keyring_with_one_fresh_32_byte_key_current_1(tmp_pa
 
 def test_first_use_writes_the_file_0600_in_a_new_folder_0700(tmp_path: Path) -> None:
     path = tmp_path / "home" / "keys.toml"
-    FileKeyProvider(path).load_keyring()
+    FileKeyProvider(path, create=True).load_keyring()
     assert mode(path) == 0o600
     assert mode(path.parent) == 0o700
 
 
 def test_first_use_leaves_no_temporary_files(keys_file: Path) -> None:
-    FileKeyProvider(keys_file).load_keyring()
-    FileKeyProvider(keys_file).add_key()
+    FileKeyProvider(keys_file, create=True).load_keyring()
+    FileKeyProvider(keys_file, create=True).add_key()
     left = sorted(p.name for p in keys_file.parent.iterdir())
     assert left == ["keys.toml", "keys.toml.lock"]
 
 
 def test_fpc1_first_use_creates_one_16_byte_bootstrap_key(keys_file: Path) -> None:
-    ring = FileKeyProvider(keys_file, style="fpc1").load_keyring()
+    ring = FileKeyProvider(keys_file, style="fpc1", create=True).load_keyring()
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", ring.current)
     assert list(ring.keys) == [ring.current]
     assert len(ring.keys[ring.current].material) == 16
 
 
 def test_two_fresh_keyrings_get_different_keys(tmp_path: Path) -> None:
-    a = FileKeyProvider(tmp_path / "a" / "keys.toml").load_keyring()
-    b = FileKeyProvider(tmp_path / "b" / "keys.toml").load_keyring()
+    a = FileKeyProvider(tmp_path / "a" / "keys.toml", create=True).load_keyring()
+    b = FileKeyProvider(tmp_path / "b" / "keys.toml", create=True).load_keyring()
     assert a.keys["1"].material != b.keys["1"].material
 
 
 def test_loading_again_reads_the_same_keyring_without_rewriting_it(keys_file: Path) -> None:
-    first = FileKeyProvider(keys_file).load_keyring()
+    first = FileKeyProvider(keys_file, create=True).load_keyring()
     before = keys_file.read_bytes()
     inode = keys_file.stat().st_ino
-    second = FileKeyProvider(keys_file).load_keyring()
+    second = FileKeyProvider(keys_file, create=True).load_keyring()
     assert fingerprint(first) == fingerprint(second)
     assert keys_file.read_bytes() == before
     assert keys_file.stat().st_ino == inode
 
 
 def test_the_written_file_is_the_documented_toml_layout(keys_file: Path) -> None:
-    ring = FileKeyProvider(keys_file).load_keyring()
+    ring = FileKeyProvider(keys_file, create=True).load_keyring()
     text = keys_file.read_text()
     assert re.search(r"^current = 1$", text, re.MULTILINE)
     assert re.search(r"^\[keys\]$", text, re.MULTILINE)
@@ -107,7 +107,7 @@ def test_the_written_file_is_the_documented_toml_layout(keys_file: Path) -> None
 
 
 def test_the_provider_description_names_the_file_only(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     ring = provider.load_keyring()
     assert str(keys_file) in provider.description
     assert_secret_free(provider.description + repr(ring) + repr(ring.keys["1"]), ring.keys["1"].material)
@@ -115,7 +115,7 @@ def test_the_provider_description_names_the_file_only(keys_file: Path) -> None:
 
 def _load_in_child(path: str, barrier: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue[str]) -> None:
     barrier.wait()
-    out.put(fingerprint(FileKeyProvider(path).load_keyring()))
+    out.put(fingerprint(FileKeyProvider(path, create=True).load_keyring()))
 
 
 @pytest.mark.parametrize("round_", range(5))
@@ -133,7 +133,7 @@ def test_concurrent_first_use_from_several_processes_creates_exactly_one_keyring
         p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * workers
     seen = [out.get(timeout=5) for _ in procs]
-    ring = FileKeyProvider(path).load_keyring()
+    ring = FileKeyProvider(path, create=True).load_keyring()
     assert set(seen) == {fingerprint(ring)}
     assert list(ring.keys) == ["1"]
     assert sorted(p.name for p in path.parent.iterdir()) == ["keys.toml", "keys.toml.lock"]
@@ -167,7 +167,7 @@ def test_a_bad_keyring_file_stops_the_start_and_is_left_byte_identical(keys_file
     keys_file.write_text(content)
     keys_file.chmod(0o600)
     before = keys_file.read_bytes()
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     for attempt in (provider.load_keyring, provider.add_key, lambda: provider.promote("1")):
         with pytest.raises(ConfigError) as info:
             attempt()
@@ -180,19 +180,19 @@ def test_a_bad_keyring_file_stops_the_start_and_is_left_byte_identical(keys_file
 def test_error_for_an_unknown_setting_names_the_setting(keys_file: Path) -> None:
     write_private(keys_file, BAD_FILES["unknown_setting"])
     with pytest.raises(ConfigError, match="rotate_every"):
-        FileKeyProvider(keys_file).load_keyring()
+        FileKeyProvider(keys_file, create=True).load_keyring()
 
 
 def test_error_for_a_bad_key_names_the_key_id_not_the_value(keys_file: Path) -> None:
     write_private(keys_file, BAD_FILES["bad_key_length"])
     with pytest.raises(ConfigError, match=r"key 1 must decode to 16, 24 or 32 bytes, got 20"):
-        FileKeyProvider(keys_file).load_keyring()
+        FileKeyProvider(keys_file, create=True).load_keyring()
 
 
 def test_a_keyring_file_that_is_a_folder_is_a_config_error(keys_file: Path) -> None:
     keys_file.mkdir()
     with pytest.raises(ConfigError, match=re.escape(str(keys_file))):
-        FileKeyProvider(keys_file).load_keyring()
+        FileKeyProvider(keys_file, create=True).load_keyring()
     assert keys_file.is_dir()
 
 
@@ -200,7 +200,7 @@ def test_a_keyring_file_that_is_a_folder_is_a_config_error(keys_file: Path) -> N
 
 
 def test_add_key_adds_a_read_only_key_and_promote_makes_it_current(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     first = provider.load_keyring()
     assert provider.add_key() == "2"
     added = provider.load_keyring()
@@ -219,13 +219,13 @@ def test_add_key_adds_a_read_only_key_and_promote_makes_it_current(keys_file: Pa
 
 
 def test_add_key_on_an_absent_file_creates_it_first(keys_file: Path) -> None:
-    assert FileKeyProvider(keys_file).add_key() == "2"
-    ring = FileKeyProvider(keys_file).load_keyring()
+    assert FileKeyProvider(keys_file, create=True).add_key() == "2"
+    ring = FileKeyProvider(keys_file, create=True).load_keyring()
     assert (ring.current, sorted(ring.keys)) == ("1", ["1", "2"])
 
 
 def test_add_key_with_a_named_id_and_fpc1_style_makes_16_byte_keys(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file, style="fpc1")
+    provider = FileKeyProvider(keys_file, style="fpc1", create=True)
     bootstrap = provider.load_keyring().current
     generated = provider.add_key()
     assert re.fullmatch(r"k-[0-9a-f]{12}", generated)
@@ -238,7 +238,7 @@ def test_add_key_with_a_named_id_and_fpc1_style_makes_16_byte_keys(keys_file: Pa
 
 
 def test_add_key_refuses_an_existing_or_invalid_id_and_leaves_the_file_alone(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     provider.load_keyring()
     before = keys_file.read_bytes()
     with pytest.raises(ConfigError, match="already exists"):
@@ -249,7 +249,7 @@ def test_add_key_refuses_an_existing_or_invalid_id_and_leaves_the_file_alone(key
 
 
 def test_promote_refuses_a_key_that_was_not_added(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     provider.load_keyring()
     before = keys_file.read_bytes()
     with pytest.raises(ConfigError, match="add it first"):
@@ -260,7 +260,7 @@ def test_promote_refuses_a_key_that_was_not_added(keys_file: Path) -> None:
 def test_a_legacy_key_is_read_and_kept_across_add_and_promote(keys_file: Path) -> None:
     legacy = secrets.token_bytes(16)
     write_private(keys_file, f'current = "k1"\nlegacy = "{b64(legacy)}"\n[keys]\nk1 = "{b64(secrets.token_bytes(16))}"\n')
-    provider = FileKeyProvider(keys_file, style="fpc1")
+    provider = FileKeyProvider(keys_file, style="fpc1", create=True)
     assert provider.load_keyring().legacy.material == legacy  # type: ignore[union-attr]
     provider.promote(provider.add_key("k2"))
     ring = provider.load_keyring()
@@ -270,13 +270,13 @@ def test_a_legacy_key_is_read_and_kept_across_add_and_promote(keys_file: Path) -
 
 def test_a_hand_written_keyring_with_whitespace_around_base64_loads(keys_file: Path) -> None:
     write_private(keys_file, f'current = "2"\n[keys]\n1 = " {GOOD} "\n2 = "{b64(secrets.token_bytes(16))}"\n')
-    ring = FileKeyProvider(keys_file).load_keyring()
+    ring = FileKeyProvider(keys_file, create=True).load_keyring()
     assert ring.current == "2"
     assert ring.keys["1"].material == GOOD_KEY
 
 
 def test_missing_key_version_is_key_unavailable_without_material(keys_file: Path) -> None:
-    ring = FileKeyProvider(keys_file).load_keyring()
+    ring = FileKeyProvider(keys_file, create=True).load_keyring()
     with pytest.raises(KeyUnavailable) as info:
         ring.key("5")
     assert_secret_free(info.value, ring.keys["1"].material)
@@ -358,7 +358,7 @@ OTHER_UID = 54321  # no such user needed: the kernel keeps any uid
 
 
 def fresh_keyring(keys_file: Path) -> bytes:
-    FileKeyProvider(keys_file).load_keyring()
+    FileKeyProvider(keys_file, create=True).load_keyring()
     return keys_file.read_bytes()
 
 
@@ -366,9 +366,9 @@ def fresh_keyring(keys_file: Path) -> bytes:
 def test_a_keyring_file_that_group_or_others_may_access_is_refused_as_ssh_refuses_a_key(
         keys_file: Path, file_mode: int) -> None:
     before = fresh_keyring(keys_file)
-    material = FileKeyProvider(keys_file).load_keyring().keys["1"].material
+    material = FileKeyProvider(keys_file, create=True).load_keyring().keys["1"].material
     keys_file.chmod(file_mode)
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     for attempt in (provider.load_keyring, provider.add_key, lambda: provider.promote("1")):
         with pytest.raises(ConfigError) as info:
             attempt()
@@ -383,7 +383,7 @@ def test_a_keyring_file_that_group_or_others_may_access_is_refused_as_ssh_refuse
 def test_a_keyring_file_only_its_owner_may_access_loads(keys_file: Path, file_mode: int) -> None:
     fresh_keyring(keys_file)
     keys_file.chmod(file_mode)
-    assert FileKeyProvider(keys_file).load_keyring().current == "1"
+    assert FileKeyProvider(keys_file, create=True).load_keyring().current == "1"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (the test image runs as root)")
@@ -391,7 +391,7 @@ def test_a_keyring_file_owned_by_another_user_is_refused(keys_file: Path) -> Non
     before = fresh_keyring(keys_file)
     os.chown(keys_file, OTHER_UID, -1)
     with pytest.raises(ConfigError) as info:
-        FileKeyProvider(keys_file).load_keyring()
+        FileKeyProvider(keys_file, create=True).load_keyring()
     assert str(info.value) == (f"keys.file: {keys_file} is owned by uid {OTHER_UID}, not by uid {os.geteuid()} that "
                                f"runs pinrotate; run chown {os.geteuid()} {keys_file} (or run pinrotate as its owner)")
     assert keys_file.read_bytes() == before
@@ -404,7 +404,7 @@ def test_a_keyring_folder_that_group_or_others_may_write_is_refused(keys_file: P
     folder.chmod(folder_mode)
     try:
         with pytest.raises(ConfigError) as info:
-            FileKeyProvider(keys_file).load_keyring()
+            FileKeyProvider(keys_file, create=True).load_keyring()
         assert str(info.value) == (f"keys.file: folder {folder} has mode {folder_mode:04o}: group or others may "
                                    f"write it and replace the keyring; run chmod go-w {folder}")
         assert keys_file.read_bytes() == before
@@ -417,7 +417,7 @@ def test_first_use_in_a_folder_others_may_write_creates_nothing(tmp_path: Path) 
     folder.mkdir()
     folder.chmod(0o777)
     with pytest.raises(ConfigError, match=f"folder {folder} has mode 0777"):
-        FileKeyProvider(folder / "keys.toml").load_keyring()
+        FileKeyProvider(folder / "keys.toml", create=True).load_keyring()
     assert not (folder / "keys.toml").exists()
 
 
@@ -426,10 +426,10 @@ def test_a_keyring_folder_owned_by_another_user_is_refused_but_root_owned_folder
     fresh_keyring(keys_file)
     folder = keys_file.parent
     folder.chmod(0o755)  # root's (this process's) folder, readable by all, writable by none: fine
-    assert FileKeyProvider(keys_file).load_keyring().current == "1"
+    assert FileKeyProvider(keys_file, create=True).load_keyring().current == "1"
     os.chown(folder, OTHER_UID, -1)
     with pytest.raises(ConfigError, match=f"folder {folder} is owned by uid {OTHER_UID}"):
-        FileKeyProvider(keys_file).load_keyring()
+        FileKeyProvider(keys_file, create=True).load_keyring()
 
 
 def test_the_command_line_refuses_a_readable_keyring_with_exit_2_and_one_line(keys_file: Path, tmp_path: Path) -> None:

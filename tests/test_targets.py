@@ -45,7 +45,7 @@ def url_as(url: str, user: str) -> str:
 
 def create_people(conn: psycopg.Connection[Any], keys_file: Path) -> FileKeyProvider:
     """``people`` with ROWS rows under key 1 (tenants a and b), then key 2 made current."""
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     ciphers = AesGcmCipherSet(provider.load_keyring())
     conn.execute(f"""
         CREATE TABLE people (

@@ -38,12 +38,14 @@ def keyring_style(settings: Settings) -> str:
     return "fpc1" if all(t.format == "fpc1" for t in settings.targets) else "aesgcm"
 
 
-def build_provider(settings: Settings) -> KeyProvider:
+def build_provider(settings: Settings, *, create_keyring: bool = False) -> KeyProvider:
+    """The configured provider. ``create_keyring``: a ``file`` keyring absent on disk is created
+    by ``load_keyring`` (a run's first start, ``keys add``); elsewhere it is refused, never made up."""
     keys = settings.keys
     if keys.provider == "file":
         from .file import FileKeyProvider
 
-        return FileKeyProvider(keys.file_path, style=keyring_style(settings))
+        return FileKeyProvider(keys.file_path, style=keyring_style(settings), create=create_keyring)
     if keys.provider == "env":
         from .env import EnvKeyProvider
 

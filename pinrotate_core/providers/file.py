@@ -1,6 +1,10 @@
 """``file`` provider: a TOML keyring on local disk, created on first use.
 
 Rules (contract §3): created atomically when absent (one fresh key), file 0600 in a 0700 folder,
+but only where a keyring may begin: ``keys add``, the demo and a run's first start
+(``create=True``). A read path (inventory, gate, ``keys list``, a Dask worker's shard) never
+creates one: a missing file is a one-line ConfigError naming it, and the file stays absent (a
+keyring made up on a worker or by a gate would hold keys nobody else has).
 every read and change serialised by a file lock beside it. A file that exists but is malformed,
 has a bad key length or an unknown setting stops the start; it is never overwritten or deleted.
 As ssh refuses a private key that others may read, a keyring file with any group/other permission
@@ -30,20 +34,36 @@ _HEADER = "# pinrotate keyring: SECRET key material. Keep 0600, never commit, ne
 
 
 class FileKeyProvider:
-    def __init__(self, path: str | Path, *, style: str = "aesgcm") -> None:
+    def __init__(self, path: str | Path, *, style: str = "aesgcm", create: bool = False) -> None:
         if style not in ("aesgcm", "fpc1"):
             raise ValueError(f"unknown keyring style {style}")
         self.path = Path(path).expanduser()
         self.style = style
+        self.create = create  # may load_keyring create the file when it is absent?
         self.description = f"file {self.path}"
 
     # -- reading -------------------------------------------------------------------------------
 
     def load_keyring(self) -> Keyring:
+        if not self.create:
+            self._refuse_absent()
         with self._locked():
             if not self.path.exists():
+                if not self.create:
+                    self._refuse_absent()
                 self._write(self._fresh_keyring())
             return self._read()
+
+    def _refuse_absent(self) -> None:
+        """A missing keyring on a read path: one line naming the file; nothing is created (not even
+        the lock file beside it)."""
+        try:
+            exists = self.path.exists()
+        except OSError as e:
+            raise ConfigError(f"keys.file: cannot inspect {self.path} ({e.strerror})") from None
+        if not exists:
+            raise ConfigError(f"keys.file: {self.path} does not exist; a keyring is created only by `keys add`, "
+                              "the demo or the first run, never by a read (nothing was created)")
 
     def _read(self) -> Keyring:
         where = str(self.path)
@@ -85,8 +105,9 @@ class FileKeyProvider:
             return key_id
 
     def promote(self, key_id: str) -> None:
+        self._refuse_absent()
         with self._locked():
-            ring = self._read() if self.path.exists() else self._create_and_read()
+            ring = self._read()
             if key_id not in ring.keys:
                 raise ConfigError(f"keys promote: key {key_id} is not in {self.path}; add it first")
             self._write(Keyring(current=key_id, keys=ring.keys, legacy=ring.legacy, source=ring.source))

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..keyring import Keyring
 from ..targets import ResolvedTarget
 from .aesgcm import AesGcmScheme
-from .base import Scheme
+from .base import Scheme, WriteGuard
 from .fpc1 import Fpc1Scheme
 from .fpc1_values import Fpc1CipherSet
 from .transit import TransitScheme
@@ -34,6 +34,12 @@ SCHEMES: Final[dict[str, SchemeFactory]] = {
         legacy_plaintext=keys.legacy_plaintext),
     "vault-transit": lambda target, keyring, keys, provider: TransitScheme(target, keyring, provider),
 }
+
+
+def write_guard(format_name: str) -> WriteGuard:
+    """The write guard of a format's scheme, without binding one (``lock`` for a format not known)."""
+    return {"aesgcm": AesGcmScheme.guard, "fpc1": Fpc1Scheme.guard, "vault-transit": TransitScheme.guard}.get(
+        format_name, "lock")
 
 
 def build_scheme(target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, provider: object = None) -> Scheme:
@@ -53,4 +59,4 @@ def check_keyring(formats: Collection[str], keyring: Keyring, keys: KeysSettings
         Fpc1CipherSet(keyring, legacy_format=keys.legacy_format)
 
 
-__all__ = ["SCHEMES", "Scheme", "build_scheme", "check_keyring"]
+__all__ = ["SCHEMES", "Scheme", "build_scheme", "check_keyring", "write_guard"]
