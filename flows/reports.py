@@ -109,6 +109,26 @@ def inventory_report(d: dict[str, Any], *, deep: bool) -> str:
         by_key = ", ".join(f"{k}: {n}" for k, n in t["by_key"].items())
         lines.append(f"{'':<22}by key: {by_key or '-'}"
                      + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
+    if "discovery" in d:
+        lines.append(discovery_report({**d["discovery"], "discovered": d["discovered"]}).lstrip("\n"))
+    return "\n".join(lines)
+
+
+def discovery_report(sweep: dict[str, Any]) -> str:
+    """The sweep outside the targets for people: every find with its counts per key, what was not swept
+    and what could not be read (names and counts only). Empty when there was no sweep."""
+    if not sweep:
+        return ""
+    lines = ["", f"outside the targets: {sweep['tables_swept']} tables, {sweep['columns_swept']} columns swept "
+                 f"in {sweep['seconds']:.1f} s"]
+    for f in sweep["discovered"]:
+        counts = ", ".join(f"{k}: {n}" for k, n in f["by_key"].items())
+        how = f" (sample of {f['sampled']})" if f["method"] == "sample" else ""
+        lines.append(f"  {f['column']:<40} {counts}{how}")
+    if not sweep["discovered"]:
+        lines.append("  no ciphertext found")
+    lines += [f"  UNREADABLE: {why}" for why in sweep["unreadable"].values()]
+    lines += [f"  not swept: {name} ({why})" for name, why in sweep["not_swept"].items()]
     return "\n".join(lines)
 
 
