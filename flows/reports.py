@@ -119,8 +119,9 @@ def discovery_report(sweep: dict[str, Any]) -> str:
     and what could not be read (names and counts only). Empty when there was no sweep."""
     if not sweep:
         return ""
-    lines = ["", f"outside the targets: {sweep['tables_swept']} tables, {sweep['columns_swept']} columns swept "
-                 f"in {sweep['seconds']:.1f} s"]
+    head = (f"outside the targets: {sweep['tables_swept']} tables, {sweep['columns_swept']} columns swept "
+            f"in {sweep['seconds']:.1f} s")
+    lines = ["", head]
     for f in sweep["discovered"]:
         counts = ", ".join(f"{k}: {n}" for k, n in f["by_key"].items())
         how = f" (sample of {f['sampled']})" if f["method"] == "sample" else ""
