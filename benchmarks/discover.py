@@ -88,7 +88,7 @@ def main() -> int:
                   f"(PostgreSQL {conn.info.server_version // 10000})")
             row = conn.execute(f"SELECT pg_total_relation_size('{SCHEMA}.archive')").fetchone()
             size_mb = int(row[0]) / 2**20 if row else 0.0
-            print(f"archive table: {size_mb:.0f} MiB, 4 swept columns (note text, doc jsonb, blob bytea; n integer "
+            print(f"archive table: {size_mb:.0f} MiB, 3 swept columns (note text, doc jsonb, blob bytea; n integer "
                   "is not read)")
             whole: list[float] = []
             sampling: list[float] = []

@@ -23,6 +23,7 @@ from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.gate.sweep_reads import FPC1_FIND, outside_paths
 from pinrotate_core.keyring import Key, Keyring
+from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
 from tests.pinprofile import cli
 
@@ -190,6 +191,27 @@ def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the
     pg_conn.execute("DROP SCHEMA backup CASCADE")
     pg_conn.execute("DROP TABLE exported")
     assert retire_gate(settings, "1").open
+
+
+def test_a_large_copy_is_found_on_random_pages_with_a_bounded_sample(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    provider = create_people(pg_conn, keys_file)
+    ciphers = AesGcmCipherSet(provider.load_keyring())
+    row = pg_conn.execute("SELECT name_cipher FROM people WHERE id = 1").fetchone()
+    assert row is not None
+    pg_conn.execute("CREATE TABLE big_copy (id bigint, blob bytea)")
+    with pg_conn.cursor().copy("COPY big_copy FROM STDIN") as copy:
+        for i in range(6000):  # every other row on key 1, the others on key 2 (current)
+            copy.write_row((i, row[0] if i % 2 else ciphers.encrypt_current(b"x")))
+    pg_conn.execute("ANALYZE big_copy")
+    settings = settings_for(database_url, keys_file)
+    assert rotation.run_rotation(settings).exit_code == 0
+
+    report = retire_gate(settings.model_copy(update={"gate": settings.gate.model_copy(
+        update={"discover_sample": 50})}), "1")
+
+    found = by_column(report.as_dict())["public.big_copy.blob"]
+    assert found["sampled"] == 50 and 0 < found["by_key"]["1"] < 50 and not report.open
 
 
 def test_the_runs_gate_section_sweeps_too_and_names_the_column(

@@ -198,7 +198,9 @@ def sample_finds(conn: psycopg.Connection[Any], table: SweptTable, keys: SampleK
     rows: list[tuple[Any, ...]] = []
     if table.est_rows > rows_wanted * 4:
         percent = min(100.0, 100.0 * 2 * rows_wanted / table.est_rows)
-        rows = conn.execute(sql.SQL("{} TABLESAMPLE SYSTEM ({}) LIMIT {}").format(
+        # Shuffled before the limit: the sampled pages come in physical order, and a LIMIT alone would
+        # keep the first of them (old rows) and never the rows an UPDATE moved to the end.
+        rows = conn.execute(sql.SQL("{} TABLESAMPLE SYSTEM ({}) ORDER BY random() LIMIT {}").format(
             select, sql.Literal(percent), sql.Literal(rows_wanted))).fetchall()
     if len(rows) < rows_wanted // 4:
         rows += conn.execute(sql.SQL("{} LIMIT {}").format(select, sql.Literal(rows_wanted))).fetchall()
