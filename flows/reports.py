@@ -61,7 +61,8 @@ def run_report(d: dict[str, Any]) -> str:
     for key, g in d["gate"].items():
         blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
         lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
-                                               else f"closed ({blocking})"))
+                                               else f"closed ({blocking})")
+                     + (f"; outside the targets: {', '.join(g['outside_targets'])}" if g.get("outside_targets") else ""))
     if d.get("stopped") == "cancelled":
         lines.append("stopped between batches: everything committed stays; the next run resumes")
     return "\n".join(lines)
@@ -95,6 +96,8 @@ def gate_markdown(d: dict[str, Any]) -> str:
     lines += ["", "## Retire gate", "", "| key | gate | blocking |", "|---|---|---|"]
     for key, g in d.get("gate", {}).items():
         blocking = ", ".join(f"{c} {n}" for c, n in g["blocking"].items()) or "nothing"
+        if g.get("outside_targets"):
+            blocking += f" ({', '.join(f'`{name}`' for name in g['outside_targets'])})"
         lines.append(f"| {key} | {'OPEN' if g['open'] else 'closed'} | {blocking} |")
     if not d.get("gate"):
         lines.append("| (no older key in the keyring) | | |")

@@ -280,6 +280,8 @@ def test_inventory_discover_lists_every_find_with_counts_per_key(primary_databas
     assert doc["discovery"]["unreadable"] == {} and doc["discovery"]["tables_swept"] >= 2
     code, human, err = cli("inventory", "--discover", "--config", str(config))
     assert code == 0 and "public.people_copy.name_cipher" in human and "1: 12 (sample of 12)" in human
+    code, human, err = cli("gate", "--retire", "1", "--config", str(config))
+    assert code == 3 and "OUTSIDE_TARGETS=12" in human and "public.people_copy.name_cipher" in human, err
 
 
 # -- Transit ------------------------------------------------------------------------------------------------
