@@ -248,6 +248,21 @@ def test_a_table_the_role_cannot_read_closes_the_gate_named_and_discover_skip_op
     assert retire_gate(as_app, "1").open
 
 
+def test_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    create_secrets(pg_conn)
+    pg_conn.execute("CREATE TABLE being_altered (id bigint, note text)")
+    settings = fpc1_settings(database_url, keys_file)
+    with psycopg.connect(database_url) as ddl:  # a migration holding ACCESS EXCLUSIVE, not committed yet
+        ddl.execute("LOCK TABLE being_altered IN ACCESS EXCLUSIVE MODE")
+        report = retire_gate(settings, "k1")
+        ddl.rollback()
+    assert not report.open and report.blocking["UNREADABLE"] == 1
+    assert report.discovery["unreadable"]["public.being_altered"].startswith(
+        "cannot read public.being_altered (LockNotAvailable, SQLSTATE 55P03)")
+    assert retire_gate(settings, "k1").open
+
+
 def test_discover_skip_entries_are_validated() -> None:
     raw = {"targets": [{"name": "T", "table": "t", "key_version": "kv", "columns": ["c"]}]}
     with pytest.raises(ConfigError, match=r'gate.discover_skip: entry 1 must be "schema.table" or '

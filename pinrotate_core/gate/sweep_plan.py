@@ -66,10 +66,11 @@ _CATALOG = """
 SELECT c.oid, n.nspname::text, c.relname::text, c.relkind::text, c.relispopulated,
        has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'),
        c.relkind = 'r' AND row_security_active(c.oid),
-       CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE pg_relation_size(c.oid) / 100.0 END,
+       GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0))::float8,  -- never pg_relation_size: it takes a lock
        a.attname::text, a.atttypid, has_column_privilege(c.oid, a.attnum, 'SELECT')
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+  LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
  WHERE c.relkind IN ('r', 'm', 'f') AND n.nspname <> ALL(%s) AND n.nspname !~ '^pg_(toast_)?temp_'
  ORDER BY 2, 3, a.attnum
 """
