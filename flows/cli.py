@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows.reports import emit, fail, inventory_report, run_report
+from flows.reports import discovery_report, emit, fail, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
 from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
+from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
 from pinrotate_core.log import configure_stderr_logging
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(inv)
     inv.add_argument("--deep", action="store_true", help="also decrypt every value (finds FAILED)")
     inv.add_argument("--tenant", metavar="T")
+    inv.add_argument("--discover", action="store_true",
+                     help="also sweep the database for ciphertexts outside the configured targets")
 
     gate = sub.add_parser("gate", help="may KEY be destroyed now? exit 0 open, 3 closed")
     _common(gate)
@@ -265,6 +268,10 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
     inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
     d = inv.as_dict()
+    if ns.discover:
+        sweep = discover(settings).as_dict()
+        d["discovered"] = sweep.pop("discovered")
+        d["discovery"] = sweep
     emit(ns, d, inventory_report(d, deep=ns.deep))
     return rotation.EXIT_OK
 
@@ -284,6 +291,7 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
     if excluded:
         human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"
+    human += discovery_report(d.get("discovery", {}))
     if ticket is not None or ns.record is not None:
         path = write_gate_record(report, ticket=ticket, path=ns.record)
         d["record"] = str(path)

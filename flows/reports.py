@@ -61,7 +61,8 @@ def run_report(d: dict[str, Any]) -> str:
     for key, g in d["gate"].items():
         blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
         lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
-                                               else f"closed ({blocking})"))
+                                               else f"closed ({blocking})")
+                     + (f"; outside the targets: {', '.join(g['outside_targets'])}" if g.get("outside_targets") else ""))
     if d.get("stopped") == "cancelled":
         lines.append("stopped between batches: everything committed stays; the next run resumes")
     return "\n".join(lines)
@@ -95,6 +96,8 @@ def gate_markdown(d: dict[str, Any]) -> str:
     lines += ["", "## Retire gate", "", "| key | gate | blocking |", "|---|---|---|"]
     for key, g in d.get("gate", {}).items():
         blocking = ", ".join(f"{c} {n}" for c, n in g["blocking"].items()) or "nothing"
+        if g.get("outside_targets"):
+            blocking += f" ({', '.join(f'`{name}`' for name in g['outside_targets'])})"
         lines.append(f"| {key} | {'OPEN' if g['open'] else 'closed'} | {blocking} |")
     if not d.get("gate"):
         lines.append("| (no older key in the keyring) | | |")
@@ -109,6 +112,27 @@ def inventory_report(d: dict[str, Any], *, deep: bool) -> str:
         by_key = ", ".join(f"{k}: {n}" for k, n in t["by_key"].items())
         lines.append(f"{'':<22}by key: {by_key or '-'}"
                      + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
+    if "discovery" in d:
+        lines.append(discovery_report({**d["discovery"], "discovered": d["discovered"]}).lstrip("\n"))
+    return "\n".join(lines)
+
+
+def discovery_report(sweep: dict[str, Any]) -> str:
+    """The sweep outside the targets for people: every find with its counts per key, what was not swept
+    and what could not be read (names and counts only). Empty when there was no sweep."""
+    if not sweep:
+        return ""
+    head = (f"outside the targets: {sweep['tables_swept']} tables, {sweep['columns_swept']} columns swept "
+            f"in {sweep['seconds']:.1f} s")
+    lines = ["", head]
+    for f in sweep["discovered"]:
+        counts = ", ".join(f"{k}: {n}" for k, n in f["by_key"].items())
+        how = f" (sample of {f['sampled']})" if f["method"] == "sample" else ""
+        lines.append(f"  {f['column']:<40} {counts}{how}")
+    if not sweep["discovered"]:
+        lines.append("  no ciphertext found")
+    lines += [f"  UNREADABLE: {why}" for why in sweep["unreadable"].values()]
+    lines += [f"  not swept: {name} ({why})" for name, why in sweep["not_swept"].items()]
     return "\n".join(lines)
 
 

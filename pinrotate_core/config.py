@@ -222,6 +222,19 @@ class GateSettings(_Strict):
     """``[gate]``: how long the retire gate may wait before answering (it answers closed when the wait runs out)."""
 
     wait: float = _seconds(60.0, "PINROTATE_GATE_WAIT", "wait")  # in-flight transactions, standbys' flush
+    # The sweep outside the targets (gate.discover): tables or columns the operator vouches for, as
+    # "schema.table" or "schema.table.column" globs; reported as not swept, never silently.
+    discover_skip: tuple[str, ...] = Field(default=(), strict=False)
+    discover_sample: int = Field(default=200, ge=1, le=100_000)  # values tried per bytea / base64 text column
+
+    @field_validator("discover_skip")
+    @classmethod
+    def _skip_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for i, pattern in enumerate(patterns):
+            parts = pattern.split(".")
+            if len(parts) not in (2, 3) or not all(parts):
+                raise ValueError(f"entry {i} must be \"schema.table\" or \"schema.table.column\" (globs allowed)")
+        return patterns
 
 
 class MetricsSettings(_Strict):

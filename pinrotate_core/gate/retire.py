@@ -22,6 +22,7 @@ from ..log import log_event
 from ..providers import KeyProvider, build_provider
 from ..schemes.base import LEGACY_KEY
 from ..scope import check_tenant_scope
+from .discover import apply_discovery, discover_outside_targets, outside_targets, sweep_for_run
 from .verdict import GateReport, check_retire_key, evaluate_gate, held_keys
 
 
@@ -41,6 +42,8 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     try:
         inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
         report = evaluate_gate(inv, key)
+        # Values under KEY outside the configured targets, and tables the sweep cannot read (gate.discover).
+        apply_discovery(report, discover_outside_targets(engine, settings, keyring))
         if report.open:
             with raw_connection(engine) as conn:
                 report.durability = confirm_flushed(conn)
@@ -72,6 +75,7 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
     if not any(t.format == "fpc1" for t in targets):
         keys = [k for k in keys if k != LEGACY_KEY]
     verdicts = {key: evaluate_gate(inv, key, conflicts=conflicts) for key in keys}
+    sweep_for_run(engine, settings, keyring, verdicts, run_id)  # outside the targets (gate.discover)
     durable = True
     if any(v.open for v in verdicts.values()):
         try:
@@ -81,5 +85,6 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
             # Fail closed: no key is reported free on commits that a crash could still undo.
             log_event("gate_not_durable", level=40, run_id=run_id, error=str(e))
             durable = False
-    return {key: {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n}}
+    return {key: {"open": report.open and durable, "blocking": {c: n for c, n in report.blocking.items() if n},
+                  **outside_targets(report)}
             for key, report in verdicts.items()}

@@ -1,0 +1,120 @@
+"""Benchmark of the gate's sweep outside the targets: prints figures, asserts nothing.
+
+    python benchmarks/discover.py                  # 1,000,000 archive rows, embedded PostgreSQL
+    python benchmarks/discover.py --rows 200000
+    python benchmarks/discover.py --database-url postgresql://postgres@127.0.0.1:5432/test
+
+Creates ``bench_discover.archive`` (id, a text column, a jsonb document, a bytea column and an integer),
+one row in 100 with an FPC1 value under key k1 in the text column and one in 1000 inside the document,
+plus a small configured target; ANALYZEs, then times ``sweep_database`` three times: with an fpc1
+keyring (pattern scan of text/jsonb/bytea and a sample of the bytea / base64 text columns) and with the
+sampling alone measured apart. The values are made in SQL (they need not decrypt: the pattern counts key
+ids, the sample tries keys). Test keys only, thrown away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.db import embedded_server
+from pinrotate_core.gate.discover import sweep_database
+from pinrotate_core.gate.sweep_plan import plan_sweep
+from pinrotate_core.gate.sweep_reads import SampleKeys, sample_finds
+from pinrotate_core.keyring import Key, Keyring
+
+SCHEMA = "bench_discover"
+
+
+def seed(conn: psycopg.Connection[tuple[object, ...]], rows: int) -> None:
+    conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    conn.execute(f"CREATE SCHEMA {SCHEMA}")
+    conn.execute(f"CREATE TABLE {SCHEMA}.secrets (id bigint PRIMARY KEY, secret text)")
+    conn.execute(f"INSERT INTO {SCHEMA}.secrets SELECT i, 'FPC1:AES-GCM:k2:' || encode(sha256(i::text::bytea), "
+                 "'base64') FROM generate_series(1, 1000) i")
+    conn.execute(f"""
+        CREATE TABLE {SCHEMA}.archive (id bigint, note text, doc jsonb, blob bytea, n integer)""")
+    conn.execute(f"""
+        INSERT INTO {SCHEMA}.archive
+        SELECT i,
+               CASE WHEN i % 100 = 0
+                    THEN 'FPC1:AES-GCM:k1:' || encode(sha256(i::text::bytea) || sha256((i + 1)::text::bytea), 'base64')
+                    ELSE 'customer note number ' || i END,
+               jsonb_build_object('kind', 'order', 'n', i, 'secret',
+                                  CASE WHEN i % 1000 = 0 THEN 'FPC1:AES-GCM:k1:' || md5(i::text) ELSE md5(i::text) END),
+               sha256(i::text::bytea) || sha256((i * 7)::text::bytea),
+               i
+          FROM generate_series(1, {rows}) i""")
+    conn.execute(f"ANALYZE {SCHEMA}.archive")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--database-url", help="an existing server's database (default: embedded, temporary)")
+    args = ap.parse_args()
+    sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
+    server = None
+    try:
+        if args.database_url:
+            url = args.database_url
+        else:
+            server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
+            url = server.get_uri()
+        keys = {k: Key(k, secrets.token_bytes(16)) for k in ("k1", "k2")}
+        keyring = Keyring(current="k2", keys=keys, source="benchmark TEST keys")
+        settings = settings_from_mapping({
+            "database": {"url": url},
+            "targets": [{"name": "S", "table": f"{SCHEMA}.secrets", "columns": ["secret"], "format": "fpc1"}],
+            # Only this benchmark's schema: a shared test server may hold other helpers' databases' tables.
+            "gate": {"discover_skip": ["public.*"]},
+        }, env={})
+        with psycopg.connect(url, autocommit=True) as conn:
+            started = time.monotonic()
+            seed(conn, args.rows)
+            print(f"seeded {args.rows:,} archive rows in {time.monotonic() - started:.1f} s "
+                  f"(PostgreSQL {conn.info.server_version // 10000})")
+            row = conn.execute(f"SELECT pg_total_relation_size('{SCHEMA}.archive')").fetchone()
+            size_mb = int(row[0]) / 2**20 if row else 0.0
+            print(f"archive table: {size_mb:.0f} MiB, 3 swept columns (note text, doc jsonb, blob bytea; n integer "
+                  "is not read)")
+            whole: list[float] = []
+            sampling: list[float] = []
+            for _ in range(args.repeat):
+                found = sweep_database(conn, settings, keyring)
+                whole.append(found.seconds)
+                plan = plan_sweep(conn, settings)
+                sample_keys = SampleKeys(keyring, "aesgcm-b64")
+                started = time.monotonic()
+                for table in plan.tables:
+                    sample_finds(conn, table, sample_keys, settings.gate.discover_sample)
+                sampling.append(time.monotonic() - started)
+            by_column = {f.column: f.by_key for f in found.finds}
+            print(f"finds: {by_column}")
+            print(f"whole sweep: median {statistics.median(whole):.2f} s over {args.repeat} runs "
+                  f"({args.rows / statistics.median(whole):,.0f} rows/s); runs: "
+                  + ", ".join(f"{s:.2f}" for s in whole))
+            print(f"of which sampling (bytea + base64 text, {settings.gate.discover_sample} values per column, "
+                  f"2 keys): median {statistics.median(sampling) * 1000:.0f} ms")
+            conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+    finally:
+        if server is not None:
+            server.cleanup()
+        shutil.rmtree(sandbox, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

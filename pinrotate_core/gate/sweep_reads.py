@@ -1,0 +1,224 @@
+"""How the discovery sweep reads one table: FPC1 / ``vault:v<N>:`` key ids by pattern (one scan, every key
+at once), JSON fields outside the configured paths, and a bounded sample of bytea / base64 text values
+tried with the held keys. Counts per key id only: no value leaves these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import psycopg
+from psycopg import sql
+
+from ..errors import CiphertextInvalid
+from ..keyring import Keyring
+from ..schemes._json_paths import parse_json_path
+from ..schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
+from ..schemes.base import LEGACY_KEY
+from ..schemes.fpc1_values import LegacyCipher
+from .sweep_plan import SweptTable
+
+# A key id after any "FPC1:<algorithm>:" (algorithms beyond the two known ones too: fail closed), or a
+# Transit version after "vault:v". Anywhere in a value: inside JSON documents, arrays, free text.
+FPC1_FIND: Final = r"FPC1:[A-Za-z0-9-]{1,16}:([A-Za-z0-9_-]{1,32}):"
+TRANSIT_FIND: Final = r"vault:v([0-9]{1,10}):"
+SAMPLE_MIN_BYTES: Final = 28  # nonce(12) + tag(16): the shortest aesgcm value
+SAMPLE_MAX_BYTES: Final = 1 << 20  # a larger value is not tried (a document, not a PII field)
+FETCH_ROWS: Final = 5000
+
+
+@dataclass(frozen=True)
+class Find:
+    """Values under held keys in one column: ``by_key`` counts values (pattern) or sampled values (sample)."""
+
+    column: str
+    by_key: dict[str, int]
+    method: Literal["pattern", "sample"]
+    sampled: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"column": self.column, "by_key": dict(sorted(self.by_key.items())),
+                               "method": self.method}
+        if self.sampled is not None:
+            out["sampled"] = self.sampled
+        return out
+
+
+def _marker(server_side: bool) -> str:
+    return "vault:v" if server_side else "FPC1:"
+
+
+def pattern_counts(conn: psycopg.Connection[Any], table: SweptTable, server_side: bool) -> dict[str, Counter[str]]:
+    """Values per key id in every pattern-swept column of ``table``: one sequential scan, every key at once."""
+    columns = [c for c in table.columns if not c.json_paths]
+    if not columns:
+        return {}
+    marker = _marker(server_side)
+    values = []
+    for i, column in enumerate(columns):
+        ref = sql.Identifier("t", column.name)
+        if column.kind == "bytea":
+            # Only values holding the marker's bytes are turned into text (escape keeps ASCII as it is).
+            text = sql.SQL("CASE WHEN position({m} IN {c}) > 0 THEN encode({c}, 'escape') END").format(
+                m=sql.Literal(marker.encode("ascii")), c=ref)
+        else:
+            text = sql.SQL("{}::text").format(ref)
+        values.append(sql.SQL("({}, {})").format(sql.Literal(i), text))
+    query = sql.SQL(
+        "SELECT s.i, m[1], count(*) FROM (SELECT v.i, v.txt FROM ONLY {rel} AS t "
+        "CROSS JOIN LATERAL (VALUES {values}) AS v(i, txt) WHERE strpos(v.txt, {marker}) > 0) AS s "
+        "CROSS JOIN LATERAL regexp_matches(s.txt, {pattern}, 'g') AS m GROUP BY 1, 2"
+    ).format(rel=table.relation, values=sql.SQL(", ").join(values), marker=sql.Literal(marker),
+             pattern=sql.Literal(TRANSIT_FIND if server_side else FPC1_FIND))
+    out: dict[str, Counter[str]] = {}
+    for i, key, n in conn.execute(query).fetchall():
+        out.setdefault(columns[int(i)].name, Counter())[str(key)] += int(n)
+    return out
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as all its members in order (duplicates kept: the sweep must see every copy)."""
+
+
+def _strip_paths(document: Any, paths: tuple[str, ...]) -> set[tuple[int, int]]:
+    """The (container, position) of the string at each configured path, as the inventory reads it
+    (json.loads: the last of duplicate members); those values are the target's, counted there."""
+    taken: set[tuple[int, int]] = set()
+    for path in paths:
+        node, where = document, None
+        for step in parse_json_path(path).steps:
+            if isinstance(step, str) and isinstance(node, _Pairs):
+                hits = [i for i, (name, _) in enumerate(node) if name == step]
+                where, node = ((id(node), hits[-1]), node[hits[-1]][1]) if hits else (None, None)
+            elif isinstance(step, int) and isinstance(node, list) and not isinstance(node, _Pairs) \
+                    and step < len(node):
+                where, node = (id(node), step), node[step]
+            else:
+                where = None
+                break
+        if where is not None and isinstance(node, str):
+            taken.add(where)
+    return taken
+
+
+def _strings(node: Any, taken: set[tuple[int, int]]) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, _Pairs):
+        for i, (name, value) in enumerate(node):
+            yield name
+            if (id(node), i) not in taken:
+                yield from _strings(value, taken)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if (id(node), i) not in taken:
+                yield from _strings(value, taken)
+
+
+def outside_paths(text: str, paths: tuple[str, ...], pattern: re.Pattern[str]) -> Counter[str]:
+    """Key ids of the values in a JSON document outside its configured ``paths`` (JSON escapes decoded).
+
+    A document that does not parse is searched whole (the inventory counts it UNKNOWN anyway)."""
+    try:
+        document = json.loads(text, object_pairs_hook=_Pairs)
+    except (json.JSONDecodeError, RecursionError):
+        return Counter(pattern.findall(text))
+    taken = _strip_paths(document, paths)
+    return Counter(key for s in _strings(document, taken) for key in pattern.findall(s))
+
+
+def json_path_counts(conn: psycopg.Connection[Any], table: SweptTable, server_side: bool) -> dict[str, Counter[str]]:
+    """Values per key id outside the configured paths of ``table``'s configured json columns (read in Python:
+    duplicate members and ``\\u`` escapes are seen as the application's parser sees them)."""
+    pattern = re.compile(TRANSIT_FIND if server_side else FPC1_FIND)
+    out: dict[str, Counter[str]] = {}
+    for column in (c for c in table.columns if c.json_paths):
+        ref = sql.Identifier(column.name)
+        query = sql.SQL("SELECT {c}::text FROM ONLY {rel} WHERE strpos({c}::text, {m}) > 0 OR strpos({c}::text, {u}) > 0"
+                        ).format(c=ref, rel=table.relation, m=sql.Literal(_marker(server_side)), u=sql.Literal("\\u"))
+        counts: Counter[str] = Counter()
+        with conn.transaction(), conn.cursor(name="pinrotate_discover") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(query)
+            for (text,) in cur:
+                counts.update(outside_paths(str(text), column.json_paths, pattern))
+        if counts:
+            out[column.name] = counts
+    return out
+
+
+class SampleKeys:
+    """Tries the keyring's local keys (and an ``aesgcm-b64`` legacy key) on sampled values."""
+
+    def __init__(self, keyring: Keyring, legacy_format: str) -> None:
+        self.ciphers = AesGcmCipherSet(keyring)
+        self.ids = keyring.ids()
+        self.legacy = (LegacyCipher(keyring.legacy, "aesgcm-b64")
+                       if keyring.legacy is not None and legacy_format == "aesgcm-b64" else None)
+
+    def key_of(self, blob: bytes) -> str | None:
+        for key_id in self.ids:
+            try:
+                self.ciphers.decrypt(key_id, blob)
+                return key_id
+            except CiphertextInvalid:
+                continue
+        if self.legacy is not None:
+            try:
+                self.legacy.decrypt_blob(blob)
+                return LEGACY_KEY
+            except CiphertextInvalid:
+                pass
+        return None
+
+
+def sample_finds(conn: psycopg.Connection[Any], table: SweptTable, keys: SampleKeys, per_column: int) -> list[Find]:
+    """Try every held key on up to ``per_column`` candidate values of each bytea / text column of ``table``:
+    random pages (TABLESAMPLE SYSTEM) of a large table, its first rows when small or the pages gave little."""
+    columns = [c for c in table.columns if c.sampled]
+    if not columns:
+        return []
+    exprs = []
+    for column in columns:
+        c = sql.Identifier(column.name)
+        if column.kind == "bytea":
+            exprs.append(sql.SQL("CASE WHEN octet_length({c}) BETWEEN {lo} AND {hi} THEN {c} END").format(
+                c=c, lo=sql.Literal(SAMPLE_MIN_BYTES), hi=sql.Literal(SAMPLE_MAX_BYTES)))
+        else:  # standard base64 with padding of at least nonce and tag
+            exprs.append(sql.SQL("CASE WHEN octet_length({c}::text) BETWEEN 40 AND {hi} AND {c}::text ~ "
+                                 "'^([A-Za-z0-9+/]{{4}})*([A-Za-z0-9+/]{{2}}==|[A-Za-z0-9+/]{{3}}=)?$' "
+                                 "THEN {c}::text END").format(c=c, hi=sql.Literal(SAMPLE_MAX_BYTES * 4 // 3 + 4)))
+    rows_wanted = per_column * 4
+    select = sql.SQL("SELECT {} FROM ONLY {} AS t").format(sql.SQL(", ").join(exprs), table.relation)
+    rows: list[tuple[Any, ...]] = []
+    if table.est_rows > rows_wanted * 4:
+        percent = min(100.0, 100.0 * 2 * rows_wanted / table.est_rows)
+        # Shuffled before the limit: the sampled pages come in physical order, and a LIMIT alone would
+        # keep the first of them (old rows) and never the rows an UPDATE moved to the end.
+        rows = conn.execute(sql.SQL("{} TABLESAMPLE SYSTEM ({}) ORDER BY random() LIMIT {}").format(
+            select, sql.Literal(percent), sql.Literal(rows_wanted))).fetchall()
+    if len(rows) < rows_wanted // 4:
+        rows += conn.execute(sql.SQL("{} LIMIT {}").format(select, sql.Literal(rows_wanted))).fetchall()
+    finds = []
+    for j, column in enumerate(columns):
+        candidates = [row[j] for row in rows if row[j] is not None][:per_column]
+        by_key: Counter[str] = Counter()
+        for stored in candidates:
+            if column.kind == "bytea":
+                blob = bytes(stored)
+            else:
+                try:
+                    blob = ColumnEncoding.BASE64_TEXT.to_bytes(stored)
+                except CiphertextInvalid:
+                    continue
+            key = keys.key_of(blob)
+            if key is not None:
+                by_key[key] += 1
+        if by_key:
+            finds.append(Find(f"{table.label}.{column.name}", dict(by_key), "sample", sampled=len(candidates)))
+    return finds
