@@ -2,8 +2,8 @@
 
 A run reads the id, key-version, cipher and scope columns of each target and writes only the cipher
 and key-version columns; it keeps its own facts in the ``pinrotate`` bookkeeping schema. An
-inventory or a gate (an auditor) reads the same columns and writes nothing. These statements grant
-exactly that, column by column. Printed for a database owner to run; pinrotate never runs them.
+inventory or a gate (an auditor) writes nothing but must read everything: the gate sweeps every
+table for ciphertexts outside the targets. These statements grant exactly that. Printed for a database owner to run; pinrotate never runs them.
 """
 
 from __future__ import annotations
@@ -20,24 +20,27 @@ def _ident_list(names: list[str]) -> sql.Composable:
 
 
 def grant_statements(settings: Settings, role: str, *, read_only: bool = False) -> list[str]:
-    """SQL for a role that may run rotations (or, ``read_only``, only inventory and gate).
+    """SQL for a role that may run rotations, or (``read_only``) an auditor for inventory and gate.
 
-    The bookkeeping table is created ahead by the owner, so the role needs no CREATE on the
-    database; a read-only role may read it (CONFLICTs a run left keep the gate closed).
+    The bookkeeping table is created ahead by the owner, so neither role needs CREATE on the
+    database. The auditor reads everything: the gate's answer rests on a sweep of every table for
+    ciphertexts outside the targets and on seeing every session in flight, so it is granted
+    PostgreSQL's predefined ``pg_read_all_data`` and ``pg_read_all_stats`` (PostgreSQL 14+) and
+    nothing that writes.
     """
     grantee = sql.Identifier(role)
+    table = sql.Identifier(*QUALIFIED.split("."))
     out: list[sql.Composable] = [CREATE_SQL]
+    if read_only:
+        out.append(sql.SQL("GRANT pg_read_all_data, pg_read_all_stats TO {}").format(grantee))
+        return [s.as_string() + ";" for s in out]
     schemas = sorted({t.schema_name for t in settings.targets if t.schema_name})
     out += [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(s), grantee) for s in schemas]
     for t in settings.targets:
-        reads = read_columns(t)
-        grant = sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_ident_list(reads), relation_of(t), grantee)
-        out.append(grant)
-        if not read_only:
-            written = [*t.columns, *([t.key_version] if t.key_version else [])]
-            out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_ident_list(written), relation_of(t), grantee))
+        out.append(sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_ident_list(read_columns(t)), relation_of(t),
+                                                                    grantee))
+        written = [*t.columns, *([t.key_version] if t.key_version else [])]
+        out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_ident_list(written), relation_of(t), grantee))
     out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(SCHEMA), grantee))
-    table = sql.Identifier(*QUALIFIED.split("."))
-    privileges = sql.SQL("SELECT") if read_only else sql.SQL("SELECT, INSERT, UPDATE, DELETE")
-    out.append(sql.SQL("GRANT {} ON {} TO {}").format(privileges, table, grantee))
+    out.append(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(table, grantee))
     return [s.as_string() + ";" for s in out]
