@@ -128,7 +128,7 @@ def retired_with(inv: TargetInventory, key: str) -> Callable[[str], bool]:
     retires them all; the versions below it are UNKNOWN_KEY already, which always blocks)."""
     if inv.format == TRANSIT and is_version(key):
         oldest = int(inv.extra.get("transit_min_decryption_version") or 0)
-        return lambda k: is_version(k) and oldest <= int(k) <= int(key)
+        return lambda k: k == key or (is_version(k) and oldest <= int(k) < int(key))
     return lambda k: k == key
 
 
