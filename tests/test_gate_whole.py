@@ -173,6 +173,27 @@ def test_a_run_of_one_target_reports_the_gate_closed_while_another_target_holds_
     assert again.gate["1"]["open"] is True and again.gate["1"]["blocking"] == {}
 
 
+def test_the_flows_gate_artifact_is_over_every_target_for_a_run_of_one(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    from flows.rotate import pinrotate_rotate
+
+    from .test_flow import run_artifacts
+
+    with psycopg.connect(primary_database_url, autocommit=True) as conn:
+        shared = Shared(conn, primary_database_url, tmp_path)
+        shared.add("alpha", 4, key="1")
+        shared.add("beta", 8, key="1", tenant="B")
+
+        report = pinrotate_rotate(config_path=str(shared.config()), targets=[ALPHA])
+
+    assert report["exit_code"] == 0 and report["targets"][ALPHA]["backlog_remaining"] == 0
+    assert report["gate"]["1"]["open"] is False and report["gate"]["1"]["blocking"] == {"HISTORICAL": 8}
+    assert report["gate"]["1"]["slice"]["targets"][ALPHA]["on_key"] == 0
+    markdown = next(a.data for a in run_artifacts(report["run_id"])["markdown"] if a.key == "pinrotate-gate")
+    assert "| 1 | closed | HISTORICAL 8 |" in markdown and "OPEN" not in markdown
+    assert "every configured target and tenant" in markdown and "does not decide" in markdown
+
+
 def test_a_run_of_one_target_is_closed_by_conflicts_recorded_for_a_target_it_did_not_drain(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     write_keys(keys_file, legacy=None)
