@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows.reports import emit, fail, gate_report, inventory_report, run_report
+from flows.reports import emit, fail, gate_summary, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -268,7 +268,7 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
                          erase_excluded=ns.erase_excluded)
     d = report.as_dict()
-    human = gate_report(d)
+    human = gate_summary(d)
     if ticket is not None or ns.record is not None:
         path = write_gate_record(report, ticket=ticket, path=ns.record)
         d["record"] = str(path)

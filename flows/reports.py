@@ -114,7 +114,7 @@ def slice_line(part: dict[str, Any], key: str) -> str:
     return f"slice of {where} (shown only, does not decide): {counts or 'no target'}"
 
 
-def gate_report(d: dict[str, Any]) -> str:
+def gate_summary(d: dict[str, Any]) -> str:
     """``gate --retire KEY`` for people: the verdict over everything configured, what blocks it where,
     what destroying KEY erases, and the filter's slice (labelled as not deciding)."""
     key = d["key"]
@@ -123,10 +123,12 @@ def gate_report(d: dict[str, Any]) -> str:
     by_rule = "; ".join(f"{name}: " + ", ".join(f"{r}={n}" for r, n in rules.items())
                         for name, rules in excluded.items())
     if d["open"]:
-        opened = f"gate for key {key}: OPEN. Nothing in any configured target or tenant references it"
-        lines = [f"{opened}; it may be destroyed."]
         if erased:
-            lines.append(f"--erase-excluded: destroying it ERASES {erased} excluded values ({by_rule})")
+            only = f"gate for key {key}: OPEN (--erase-excluded). Only excluded rows still reference it"
+            lines = [f"{only}; destroying it ERASES {erased} excluded values ({by_rule})."]
+        else:
+            opened = f"gate for key {key}: OPEN. Nothing in any configured target or tenant references it"
+            lines = [f"{opened}; it may be destroyed."]
         if d.get("durability", {}).get("wal_flush_lsn"):
             lines.append(f"(what it read is on disk: WAL flushed to {d['durability']['wal_flush_lsn']})")
     else:
@@ -137,7 +139,7 @@ def gate_report(d: dict[str, Any]) -> str:
                 lines.append(f"  {name}: " + ", ".join(f"{c}={n}" for c, n in t["blocking"].items())
                              + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
         if d["blocking"].get("EXCLUDED"):
-            lines.append(f"EXCLUDED: rows no run takes (soft-deleted, require_not_null unset, outside every tenant) "
+            lines.append(f"EXCLUDED: rows no run takes (soft-deleted, require_not_null unset) "
                          f"still reference key {key} ({by_rule}); destroying it erases them. If that is intended: "
                          f"gate --retire {key} --erase-excluded")
         elif erased:

@@ -2,7 +2,7 @@
 
 One inventory for every scheme: it streams (or, where the scheme can name each value's key in SQL,
 counts in the database) the values of every row, splits them by THE scope rule into in scope and
-EXCLUDED, and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
+EXCLUDED (per rule that excluded them: the gate blocks on EXCLUDED values still on a key), and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
 value to find the ones that do not (FAILED). Counts and locations only (contract §6): never a
 value. Never writes, never runs DDL (CONFLICTs recorded by runs are read from ``pinrotate.conflicts``
 when it exists: ``state.py``).
