@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows.reports import discovery_report, emit, fail, inventory_report, run_report
+from flows.reports import discovery_report, emit, fail, gate_summary, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -63,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     gate = sub.add_parser("gate", help="may KEY be destroyed now? exit 0 open, 3 closed")
     _common(gate)
     gate.add_argument("--retire", required=True, metavar="KEY", help="key version, key id, or 'legacy'")
-    gate.add_argument("--tenant", metavar="T")
+    gate.add_argument("--tenant", metavar="T",
+                      help="also show this tenant's slice; the verdict is always over every target and tenant")
+    gate.add_argument("--erase-excluded", action="store_true",
+                      help="open even though EXCLUDED rows (soft-deleted, require_not_null unset, outside every "
+                           "tenant) still reference KEY: destroying KEY erases them")
     gate.add_argument("--shallow", action="store_true",
                       help="skip decrypting every value (faster; FAILED is then not checked)")
     gate.add_argument("--ticket", metavar="T",
@@ -279,19 +283,10 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
 def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
-    report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow)
+    report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                         erase_excluded=ns.erase_excluded)
     d = report.as_dict()
-    if report.open:
-        human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
-        if report.durability.get("wal_flush_lsn"):
-            human += f"\n(what it read is on disk: WAL flushed to {report.durability['wal_flush_lsn']})"
-    else:
-        blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
-        human = f"gate for key {report.key}: CLOSED ({blocking})"
-    excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
-    if excluded:
-        human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"
-    human += discovery_report(d.get("discovery", {}))
+    human = gate_summary(d) + discovery_report(d.get("discovery", {}))
     if ticket is not None or ns.record is not None:
         path = write_gate_record(report, ticket=ticket, path=ns.record)
         d["record"] = str(path)

@@ -60,9 +60,11 @@ def run_report(d: dict[str, Any]) -> str:
         lines += ["", f"verified: {ok} of {sampled} re-encrypted rows re-read and decrypted under key {d['current_key']}"]
     for key, g in d["gate"].items():
         blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
-        lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
-                                               else f"closed ({blocking})")
+        lines.append(f"gate for key {key} (every configured target and tenant): "
+                     + ("OPEN: nothing references it any more" if g["open"] else f"closed ({blocking})")
                      + (f"; outside the targets: {', '.join(g['outside_targets'])}" if g.get("outside_targets") else ""))
+        if g.get("slice"):
+            lines.append(f"  {slice_line(g['slice'], key)}")
     if d.get("stopped") == "cancelled":
         lines.append("stopped between batches: everything committed stays; the next run resumes")
     return "\n".join(lines)
@@ -101,7 +103,53 @@ def gate_markdown(d: dict[str, Any]) -> str:
         lines.append(f"| {key} | {'OPEN' if g['open'] else 'closed'} | {blocking} |")
     if not d.get("gate"):
         lines.append("| (no older key in the keyring) | | |")
+    lines += ["", "The gate is decided over every configured target and tenant, whatever the run's filters."]
+    lines += [f"- key {key}: {slice_line(g['slice'], key)}" for key, g in d.get("gate", {}).items() if g.get("slice")]
     return "\n".join(lines) + "\n"
+
+
+def slice_line(part: dict[str, Any], key: str) -> str:
+    """A filter's slice of the gate for KEY, one line, labelled as not deciding."""
+    where = f"tenant {part['tenant']}" if part.get("tenant") is not None else "the targets asked for"
+    counts = "; ".join(f"{name}: {t['on_key']} on key {key}" + (f", {t['excluded_on_key']} excluded"
+                                                                 if t["excluded_on_key"] else "")
+                       for name, t in part["targets"].items())
+    return f"slice of {where} (shown only, does not decide): {counts or 'no target'}"
+
+
+def gate_summary(d: dict[str, Any]) -> str:
+    """``gate --retire KEY`` for people: the verdict over everything configured, what blocks it where,
+    what destroying KEY erases, and the filter's slice (labelled as not deciding)."""
+    key = d["key"]
+    excluded = d.get("excluded_on_key", {})
+    erased = sum(sum(rules.values()) for rules in excluded.values())
+    by_rule = "; ".join(f"{name}: " + ", ".join(f"{r}={n}" for r, n in rules.items())
+                        for name, rules in excluded.items())
+    if d["open"]:
+        if erased:
+            only = f"gate for key {key}: OPEN (--erase-excluded). Only excluded rows still reference it"
+            lines = [f"{only}; destroying it ERASES {erased} excluded values ({by_rule})."]
+        else:
+            opened = f"gate for key {key}: OPEN. Nothing in any configured target or tenant references it"
+            lines = [f"{opened}; it may be destroyed."]
+        if d.get("durability", {}).get("wal_flush_lsn"):
+            lines.append(f"(what it read is on disk: WAL flushed to {d['durability']['wal_flush_lsn']})")
+    else:
+        blocking = ", ".join(f"{c}={n}" for c, n in d["blocking"].items() if n)
+        lines = [f"gate for key {key}: CLOSED ({blocking}), over every configured target and tenant"]
+        for name, t in d["targets"].items():
+            if t["blocking"]:
+                lines.append(f"  {name}: " + ", ".join(f"{c}={n}" for c, n in t["blocking"].items())
+                             + (f"  BLOCKED: {t['blocked_reason']}" if t.get("blocked_reason") else ""))
+        if d["blocking"].get("EXCLUDED"):
+            lines.append(f"EXCLUDED: rows no run takes (soft-deleted, require_not_null unset) "
+                         f"still reference key {key} ({by_rule}); destroying it erases them. If that is intended: "
+                         f"gate --retire {key} --erase-excluded")
+        elif erased:
+            lines.append(f"destroying it would also erase {erased} excluded values ({by_rule})")
+    if d.get("slice"):
+        lines.append(slice_line(d["slice"], key))
+    return "\n".join(lines)
 
 
 def inventory_report(d: dict[str, Any], *, deep: bool) -> str:

@@ -2,7 +2,7 @@
 
 One inventory for every scheme: it streams (or, where the scheme can name each value's key in SQL,
 counts in the database) the values of every row, splits them by THE scope rule into in scope and
-EXCLUDED, and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
+EXCLUDED (per rule that excluded them: the gate blocks on EXCLUDED values still on a key), and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
 value to find the ones that do not (FAILED). Counts and locations only (contract §6): never a
 value. Never writes, never runs DDL (CONFLICTs recorded by runs are read from ``pinrotate.conflicts``
 when it exists: ``state.py``).
@@ -24,7 +24,7 @@ from .errors import ConfigError, DatabaseError, TargetBlocked
 from .keyring import Keyring
 from .schemes import build_scheme
 from .schemes.base import CATEGORIES, LEGACY_KEY, Scheme, ValueClass
-from .scope import scope_condition
+from .scope import exclusion_rule, scope_condition
 from .state import StateError, last_conflicts
 from .targets import ResolvedTarget, resolve_target
 
@@ -39,6 +39,8 @@ class TargetInventory:
     by_key: dict[str, int] = field(default_factory=dict)  # in-scope rows/values per key
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     excluded_by_key: dict[str, int] = field(default_factory=dict)  # out of scope, still on a key
+    # The same, split by the rule that excluded them (scope.EXCLUSION_RULES): rule -> key -> n.
+    excluded_by_rule: dict[str, dict[str, int]] = field(default_factory=dict)
     failed_by_key: dict[str, int] = field(default_factory=dict)
     blocked_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # scheme facts (e.g. transit versions), tenants
@@ -46,12 +48,14 @@ class TargetInventory:
     def add(self, category: str, n: int = 1) -> None:
         self.counts[category] += n
 
-    def count(self, value: ValueClass, in_scope: bool, n: int = 1) -> None:
+    def count(self, value: ValueClass, excluded_by: str | None, n: int = 1) -> None:
+        """Count ``n`` values; ``excluded_by``: the scope rule that excludes them, None when in scope."""
         self.total += n
-        if not in_scope:
+        if excluded_by is not None:
             self.add("EXCLUDED", n)
             if value.key is not None:
                 _bump(self.excluded_by_key, value.key, n)
+                _bump(self.excluded_by_rule.setdefault(excluded_by, {}), value.key, n)
             return
         self.add(value.category, n)
         if value.key is not None:
@@ -114,26 +118,27 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
     t = target.settings
     inv = TargetInventory(t.name, t.format)
     scope = scope_condition(t, tenant, "t")
+    rule = exclusion_rule(t, tenant, "t")  # NULL exactly where `scope` holds
     keys_sql = scheme.value_keys_sql("t")
     if keys_sql is not None:
         per_value = sql.SQL(", ").join(sql.SQL("({}, {})").format(k, p) for k, p in keys_sql)
         rows = conn.execute(sql.SQL(
-            "SELECT v.pinrotate_key, {scope}, count(*) FROM {rel} AS t "
+            "SELECT v.pinrotate_key, {rule}, count(*) FROM {rel} AS t "
             "CROSS JOIN LATERAL (VALUES {per_value}) AS v(pinrotate_key, pinrotate_present) "
-            "WHERE v.pinrotate_present GROUP BY 1, 2").format(scope=scope, rel=target.relation, per_value=per_value)
+            "WHERE v.pinrotate_present GROUP BY 1, 2").format(rule=rule, rel=target.relation, per_value=per_value)
         ).fetchall()
-        for key, scoped, n in rows:
-            inv.count(scheme.classify_key(key), bool(scoped), int(n))
+        for key, excluded_by, n in rows:
+            inv.count(scheme.classify_key(key), excluded_by, int(n))
     if keys_sql is None or deep:
         # Value by value: every row when the database could not count, else only the in-scope rows.
         where = sql.SQL("true") if keys_sql is None else scope
-        query = sql.SQL("SELECT {scope}, {cols} FROM {rel} AS t WHERE {where}").format(
-            scope=scope, cols=sql.SQL(", ").join(scheme.read_list("t")), rel=target.relation, where=where)
+        query = sql.SQL("SELECT {rule}, {cols} FROM {rel} AS t WHERE {where}").format(
+            rule=rule, cols=sql.SQL(", ").join(scheme.read_list("t")), rel=target.relation, where=where)
         for row in _stream(conn, query, "pinrotate_inventory"):
-            in_scope = bool(row[0])
-            for value, failed in scheme.inspect(row[1:], deep and in_scope):
+            excluded_by = row[0]
+            for value, failed in scheme.inspect(row[1:], deep and excluded_by is None):
                 if keys_sql is None:
-                    inv.count(value, in_scope)
+                    inv.count(value, excluded_by)
                 if failed:
                     inv.add("FAILED")
                     _bump(inv.failed_by_key, value.key or LEGACY_KEY)

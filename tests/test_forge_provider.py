@@ -261,7 +261,9 @@ def test_forge_keyring_drives_inventory_dry_run_run_and_gate_for_fpc1_targets(
             assert parse_fpc1(doc[field]).key_id == "k2"
             assert decrypt(doc[field]) == forge.plain[("lc", row_id, f"$.{field}")]
 
-    assert retire_gate(settings, "k1").open and retire_gate(settings, "legacy").open
+    assert retire_gate(settings, "legacy").open
+    # The soft-deleted rows stay on k1 (EXCLUDED): closed unless erasing them is accepted.
+    assert not retire_gate(settings, "k1").open and retire_gate(settings, "k1", erase_excluded=True).open
     assert path.read_bytes() == file_bytes and os.stat(path).st_mtime_ns == file_mtime
     assert sorted(p.name for p in path.parent.iterdir()) == ["crypto.properties"]  # no lock, no temporary file
 

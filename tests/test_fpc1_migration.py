@@ -235,7 +235,9 @@ def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_s
         assert {c: inv[name].counts[c] for c in ("HISTORICAL", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "CONFLICT",
                                                   "BLOCKED")} == dict.fromkeys(
             ("HISTORICAL", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "CONFLICT", "BLOCKED"), 0)
-    assert report.gate["k1"]["open"] and report.gate["legacy"]["open"]
+    # The soft-deleted rows (dc 5, lc 3) stay on k1 for ever: they keep its gate closed (EXCLUDED).
+    assert report.gate["k1"] == {"open": False, "blocking": {"EXCLUDED": 2}}
+    assert report.gate["legacy"]["open"]
     # A second run finds nothing to do: ACTIVE values are skipped.
     again = rotation.run_rotation(settings, expected_key="k2")
     assert again.exit_code == 0 and again.targets[DC].reencrypted == 0 and again.targets[LC].reencrypted == 0
@@ -367,7 +369,7 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     rotation.run_rotation(settings, target_names=[LC], expected_key="k2")
     gate = retire_gate(settings, "k1")
     assert not gate.open and gate.blocking["CONFLICT"] == 1
-    assert sum(gate.blocking.values()) == 1
+    assert {c: n for c, n in gate.blocking.items() if n} == {"CONFLICT": 1, "EXCLUDED": 2}  # + soft-deleted
 
     # The record lives in the database (pinrotate.conflicts), counts and names only; no file.
     rows = pg_conn.execute("SELECT target, tenant, conflicts, run_id FROM pinrotate.conflicts").fetchall()
@@ -381,7 +383,7 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     clean = rotation.run_rotation(settings, expected_key="k2")
     assert clean.exit_code == 0 and clean.targets[DC].conflicts == 0
     assert rotation.inventory(settings).targets[DC].counts["CONFLICT"] == 0
-    assert retire_gate(settings, "k1").open
+    assert retire_gate(settings, "k1", erase_excluded=True).open  # only the soft-deleted rows were left
 
 
 def test_an_edit_inside_a_json_document_is_a_conflict_and_the_document_is_kept(
@@ -438,9 +440,14 @@ def test_a_tenant_run_changes_only_that_tenant_and_the_gate_counts_every_tenant(
     scoped = rotation.inventory(settings, tenant="1").targets[DC]
     assert scoped.counts["HISTORICAL"] == 0 and scoped.counts["LEGACY"] == 0
     assert scoped.counts["EXCLUDED"] == 3  # tenant 2 (rows 4, 7) and the deleted row 5
-    assert retire_gate(settings, "k1", tenant="1").open
+    # Tenant 1 is done, but the keyring is shared: tenant 2's rows keep k1's gate closed, --tenant or not.
+    sliced = retire_gate(settings, "k1", tenant="1")
+    assert not sliced.open and sliced.blocking["HISTORICAL"] == 2  # row 4 and lowcode row 2
+    assert sliced.slice is not None and sliced.slice["decides"] is False
+    assert {name: t["on_key"] for name, t in sliced.slice["targets"].items()} == {DC: 0, LC: 0}
     everyone = retire_gate(settings, "k1")
-    assert not everyone.open and everyone.blocking["HISTORICAL"] == 2  # row 4 and lowcode row 2
+    assert not everyone.open and everyone.blocking["HISTORICAL"] == 2
+    assert everyone.slice is None
     assert not retire_gate(settings, "legacy").open
 
 
@@ -458,8 +465,11 @@ def test_soft_deleted_rows_are_never_touched_and_are_counted_as_excluded(
     assert inv[DC].counts["EXCLUDED"] == 1 and inv[DC].excluded_by_key == {"k1": 1}
     assert inv[LC].excluded_by_key == {"k1": 1}
     gate = retire_gate(settings, "k1")
-    # Out of scope rows do not block, but the report says that retiring k1 crypto-erases them.
-    assert gate.open and gate.targets[DC]["excluded_on_key"] == 1
+    # Soft-deleted rows on k1 keep its gate closed: destroying k1 would erase them (restore would fail).
+    assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"EXCLUDED": 2}
+    assert gate.targets[DC]["excluded_by_rule"] == {"soft_delete": 1}
+    erased = retire_gate(settings, "k1", erase_excluded=True)
+    assert erased.open and erased.as_dict()["excluded_on_key"] == {DC: {"soft_delete": 1}, LC: {"soft_delete": 1}}
 
 
 def test_soft_delete_rule_reads_booleans_numbers_timestamps_and_text(
@@ -637,7 +647,8 @@ def test_legacy_values_are_counted_but_not_migrated_while_legacy_reading_is_off(
     assert report.exit_code == 0
     assert isinstance(dc, DrainResult) and dc.legacy_left == 2 and dc.reencrypted == 2
     assert forge.password(1) == forge.dc_rows[1][2] and forge.password(7) == forge.dc_rows[7][2]
-    assert report.gate["k1"]["open"] and not report.gate["legacy"]["open"]
+    assert report.gate["k1"] == {"open": False, "blocking": {"EXCLUDED": 2}}  # only the soft-deleted rows
+    assert not report.gate["legacy"]["open"]
     assert report.gate["legacy"]["blocking"] == {"LEGACY": 3}
 
 
@@ -658,14 +669,16 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
 
     pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")
-    for key in ("k1", "legacy"):
-        gate = retire_gate(settings, key)
+    for key, also in (("k1", {"EXCLUDED": 2}), ("legacy", {})):  # k1: + the soft-deleted rows
+        gate = retire_gate(settings, key, erase_excluded=True)
         assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"UNKNOWN": 1}
+        gate = retire_gate(settings, key)
+        assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"UNKNOWN": 1, **also}
 
     # The application rewrites the bad value; now nothing is left and nothing could be hiding.
     pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 3", (fpc1("k2", K2, b"fixed"),))
     for key in ("k1", "legacy"):
-        gate = retire_gate(settings, key)
+        gate = retire_gate(settings, key, erase_excluded=True)  # k1: the soft-deleted rows are accepted lost
         assert gate.open and not any(gate.blocking.values())
     # The report is evidence for the change ticket: tenants covered and what produced it, no value.
     report = gate.as_dict()

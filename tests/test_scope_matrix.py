@@ -3,9 +3,11 @@
 Every case builds one small table with rows in and out of scope, some on the old key and some on
 the current one, and drives one command through the core API as the CLI would (``run``,
 ``run --dry-run``, ``inventory``, ``gate --retire OLD``). Whatever the command, rows out of scope
-are never rewritten (whole rows compared before and after, ``xmin`` included), they are counted
-EXCLUDED, and the gate for the old key names them (``excluded_on_key``) without being blocked by
-them. Keys are random TEST keys made here; nothing is mocked.
+are never rewritten (whole rows compared before and after, ``xmin`` included) and they are counted
+EXCLUDED. The gate for the old key is decided over every tenant (contract §6): other tenants' rows
+keep it closed whatever ``--tenant`` says, and soft-deleted / ``require_not_null`` rows on the key
+keep it closed (EXCLUDED, by rule) unless ``erase_excluded`` accepts erasing them. Keys are random
+TEST keys made here; nothing is mocked.
 """
 
 from __future__ import annotations
@@ -380,8 +382,18 @@ def test_run_rewrites_only_in_scope_rows_on_the_old_key(case: Case) -> None:
     r = report.targets[TARGET]
     assert r.reencrypted == case.units(in_scope=True, old=True, values=world.run_counts_values)
     assert (r.failed, r.conflicts, r.backlog_remaining) == ([], 0, 0)
-    # The run's own gate for the old key: open, whatever still sits on it out of scope.
-    assert report.gate[world.old_key] == {"open": True, "blocking": {}}
+    # The run's own gate for the old key is over every tenant: what is left out of scope keeps it closed.
+    left = case.units(in_scope=False, old=True, values=world.inventory_counts_values)
+    gate = report.gate[world.old_key]
+    if case.rule == "tenant":
+        # Other tenants' (and NULL-tenant) rows are the backlog of an unfiltered run: HISTORICAL.
+        assert gate["open"] is False and gate["blocking"] == {"HISTORICAL": left}
+        # The tenant's own slice is shown, empty, and labelled as not deciding.
+        assert gate["slice"]["decides"] is False and gate["slice"]["tenant"] == TENANT
+        assert gate["slice"]["targets"][TARGET]["on_key"] == 0
+    else:
+        # No run ever takes them: they stay on the old key until destroying it erases them.
+        assert gate == {"open": False, "blocking": {"EXCLUDED": left}}
 
 
 def test_dry_run_writes_nothing_and_counts_what_the_run_then_does(case: Case) -> None:
@@ -438,26 +450,48 @@ def test_inventory_counts_out_of_scope_rows_as_excluded(case: Case) -> None:
     assert excluded_by_key == {world.old_key: excluded_old, world.current_key: excluded - excluded_old}
 
 
-def test_gate_counts_out_of_scope_rows_on_the_key_and_is_not_blocked_by_them(case: Case) -> None:
+def test_gate_stays_closed_while_rows_out_of_scope_are_on_the_key(case: Case) -> None:
     world = case.world
     values = world.inventory_counts_values
     excluded_old = case.units(in_scope=False, old=True, values=values)
     assert excluded_old > 0, "the case needs out-of-scope rows on the old key"
     before = case.snapshot()
+    always = dict.fromkeys(("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT"), 0)
 
     closed = retire_gate(case.settings, world.old_key, tenant=case.tenant)
 
     assert not closed.open
-    assert closed.blocking == {**dict.fromkeys(("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT"), 0),
-                               "HISTORICAL": case.units(in_scope=True, old=True, values=values)}
-    assert closed.targets[TARGET]["excluded_on_key"] == excluded_old
+    if case.rule == "tenant":
+        # The verdict counts every tenant: the other tenants' rows are on the key (HISTORICAL).
+        assert closed.blocking == {**always, "EXCLUDED": 0,
+                                   "HISTORICAL": case.units(in_scope=True, old=True, values=values) + excluded_old}
+        assert closed.targets[TARGET]["excluded_on_key"] == 0
+        assert closed.slice is not None and closed.slice["targets"][TARGET]["excluded_on_key"] == excluded_old
+    else:
+        assert closed.blocking == {**always, "EXCLUDED": excluded_old,
+                                   "HISTORICAL": case.units(in_scope=True, old=True, values=values)}
+        assert closed.targets[TARGET]["excluded_by_rule"] == {case.rule: excluded_old}
     assert not changed(before, case.snapshot()), "a gate wrote"
 
     assert case.run(dry_run=False).exit_code == rotation.EXIT_OK
 
     for deep in (True, False):
         gate = retire_gate(case.settings, world.old_key, tenant=case.tenant, deep=deep)
+        assert not gate.open, gate.as_dict()
+        if case.rule == "tenant":
+            assert gate.blocking["HISTORICAL"] == excluded_old and gate.blocking["EXCLUDED"] == 0
+            assert gate.slice is not None and gate.slice["targets"][TARGET]["on_key"] == 0
+            assert gate.slice["decides"] is False
+        else:
+            assert {c: n for c, n in gate.blocking.items() if n} == {"EXCLUDED": excluded_old}
+            assert gate.targets[TARGET]["on_key"] == 0
+            erased = retire_gate(case.settings, world.old_key, deep=deep, erase_excluded=True)
+            assert erased.open, erased.as_dict()
+            assert erased.as_dict()["excluded_on_key"] == {TARGET: {case.rule: excluded_old}}
+            assert erased.as_dict()["erase_excluded"] is True
+    if case.rule == "tenant":
+        # Only a run over every tenant takes the other tenants' rows; then the gate opens.
+        assert rotation.run_rotation(case.settings, expected_key=world.expected_key).exit_code == rotation.EXIT_OK
+        gate = retire_gate(case.settings, world.old_key, tenant=case.tenant)
         assert gate.open, gate.as_dict()
-        assert not any(gate.blocking.values())
-        assert gate.targets[TARGET]["on_key"] == 0
-        assert gate.targets[TARGET]["excluded_on_key"] == excluded_old
+        assert gate.as_dict()["excluded_on_key"] == {}

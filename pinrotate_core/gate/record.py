@@ -30,7 +30,9 @@ def check_ticket(ticket: str) -> str:
 def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime) -> dict[str, Any]:
     """The value-free evidence Forge's runbook asks to keep with the change ticket before a key is
     deleted: when, where (database identity), by what (pinrotate's version), on which keyring
-    (its source, never its material), over which tenants, the counts per target, and the verdict."""
+    (its source, never its material), over which tenants, the counts per target, and the verdict;
+    with ``--erase-excluded``, that the operator accepted erasing the EXCLUDED values still on KEY,
+    per target and scope rule."""
     as_dict = report.as_dict()
     return {
         "record": RECORD_KIND,
@@ -40,6 +42,9 @@ def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime
         "verdict": "open" if report.open else "closed",
         "open": report.open,
         "blocking": {c: n for c, n in report.blocking.items() if n},
+        "verdict_over": as_dict["verdict_over"],
+        "erase_excluded": report.erase_excluded,
+        "excluded_on_key": as_dict["excluded_on_key"],
         "current_key": report.current_key,
         "database": report.database,
         "pinrotate_version": application_version(),
@@ -49,6 +54,7 @@ def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime
         "targets": {name: {**report.counts.get(name, {}), "gate": gate}
                     for name, gate in report.targets.items()},
         "discovery": report.discovery,
+        **({"slice": report.slice} if report.slice is not None else {}),
     }
 
 

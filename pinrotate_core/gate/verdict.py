@@ -1,16 +1,20 @@
 """The retire gate: may KEY be destroyed now (crypto-shredding)?
 
-Open only when, over every target and tenant in scope, nothing is on KEY and nothing could be
-hiding there: UNKNOWN + UNKNOWN_KEY + BLOCKED + FAILED + CONFLICT = 0 (contract §6). Values on
-other old keys do not block KEY; out-of-scope rows do not block but are counted, because
-destroying KEY crypto-erases them. A KEY the keyring does not hold, or the current key, is never
-asked about: it is refused before anything is read (``check_retire_key``).
+The verdict is whole (contract §6): the keyring is shared by every target and tenant, so it is
+taken over an inventory of every configured target with no tenant filter; a filter only shows a
+slice, which never decides. Open only when nothing is on KEY (``vault-transit``: on any version
+<= KEY, since retiring a Transit version retires every older one), nothing could be hiding there
+(UNKNOWN + UNKNOWN_KEY + BLOCKED + FAILED + CONFLICT = 0), and no EXCLUDED row (soft-deleted,
+``require_not_null`` unset, outside every tenant) still references KEY, unless the operator
+acknowledged erasing them (``erase_excluded``). Values on other old keys do not block KEY
+(``aesgcm``, ``fpc1``). A KEY the keyring does not hold, or the current key, is never asked about:
+it is refused before anything is read (``check_retire_key``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +24,7 @@ from ..keyring import Keyring, is_version
 from ..schemes.base import LEGACY_KEY
 
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
+TRANSIT = "vault-transit"
 
 
 @dataclass
@@ -29,6 +34,10 @@ class GateReport:
     blocking: dict[str, int]
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     current_key: str = ""
+    # --erase-excluded: EXCLUDED rows on KEY did not block; destroying KEY erases them.
+    erase_excluded: bool = False
+    # What a filter (--tenant, a run's --target/--tenant) shows: counts only, never the verdict.
+    slice: dict[str, Any] | None = None
     # Filled by gate.retire.retire_gate for the change-ticket record (gate_record): where the verdict
     # was taken, on which keyring, over which scope. Names and counts only.
     database: dict[str, Any] = field(default_factory=dict)
@@ -43,12 +52,20 @@ class GateReport:
     def as_dict(self) -> dict[str, Any]:
         tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
         out = {"key": self.key, "open": self.open, "blocking": self.blocking, "targets": self.targets,
-               "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
+               "current_key": self.current_key, "tenants": tenants, "application_version": application_version(),
+               "verdict_over": "every configured target and tenant",
+               "erase_excluded": self.erase_excluded, "excluded_on_key": self.excluded_on_key()}
+        if self.slice is not None:
+            out["slice"] = self.slice
         if self.durability:
             out["durability"] = self.durability
         if self.discovery:
             out["discovery"] = self.discovery
         return out
+
+    def excluded_on_key(self) -> dict[str, dict[str, int]]:
+        """EXCLUDED values still on KEY, per target and scope rule (what destroying KEY erases)."""
+        return {name: dict(t["excluded_by_rule"]) for name, t in self.targets.items() if t.get("excluded_by_rule")}
 
 
 class KeyNotRetirable(ConfigError):
@@ -109,31 +126,61 @@ def on_key_category(key: str, current: str) -> str:
     return "HISTORICAL"
 
 
-def target_blocking(inv: TargetInventory, key: str, current: str) -> tuple[dict[str, int], int, int]:
-    """(blocking counts, values on KEY, out-of-scope values still on KEY) for one target."""
+def retired_with(inv: TargetInventory, key: str) -> Callable[[str], bool]:
+    """Which keys of a target's counts go when KEY is destroyed: KEY itself, and for ``vault-transit``
+    every version <= KEY that Transit still decrypts (raising ``min_decryption_version`` past KEY
+    retires them all; the versions below it are UNKNOWN_KEY already, which always blocks)."""
+    if inv.format == TRANSIT and is_version(key):
+        oldest = int(inv.extra.get("transit_min_decryption_version") or 0)
+        return lambda k: k == key or (is_version(k) and oldest <= int(k) < int(key))
+    return lambda k: k == key
+
+
+def target_blocking(inv: TargetInventory, key: str, current: str, *,
+                    erase_excluded: bool = False) -> dict[str, Any]:
+    """One target's part of the verdict: what blocks KEY there, the values on KEY, and the EXCLUDED
+    values on KEY per scope rule (they block unless ``erase_excluded``)."""
     blocking = {c: inv.counts[c] for c in ALWAYS_BLOCKING}
-    on_key = inv.counts["LEGACY"] if key == LEGACY_KEY else inv.by_key.get(key, 0)
-    excluded = inv.excluded_by_key.get(key, 0)
-    category = on_key_category(key, current)
-    blocking[category] = blocking.get(category, 0) + on_key
-    return blocking, on_key, excluded
+    retired = retired_with(inv, key)
+    if key == LEGACY_KEY:
+        on_key = {LEGACY_KEY: inv.counts["LEGACY"]}
+    else:
+        on_key = {k: n for k, n in inv.by_key.items() if retired(k)}
+    for k, n in on_key.items():
+        category = on_key_category(k, current)
+        blocking[category] = blocking.get(category, 0) + n
+    by_rule = {rule: n for rule, keys in sorted(inv.excluded_by_rule.items())
+               if (n := sum(c for k, c in keys.items() if retired(k)))}
+    excluded = sum(by_rule.values())
+    blocking["EXCLUDED"] = 0 if erase_excluded else excluded
+    entry: dict[str, Any] = {"on_key": sum(on_key.values()), "blocking": {c: n for c, n in blocking.items() if n},
+                             "excluded_on_key": excluded, "excluded_by_rule": by_rule}
+    if inv.format == TRANSIT and len(on_key) > 1:
+        entry["on_versions"] = {k: n for k, n in sorted(on_key.items(), key=lambda kv: int(kv[0])) if n}
+    return entry
 
 
-def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] | None = None) -> GateReport:
-    """Decide the gate for ``key`` from an inventory (plus CONFLICT counts of the last run, if any)."""
+def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] | None = None, *,
+                  erase_excluded: bool = False) -> GateReport:
+    """Decide the gate for ``key`` from an inventory (plus CONFLICT counts of the last run, if any).
+
+    The inventory must cover every configured target with no tenant filter for the verdict to mean
+    anything (``gate.retire`` takes it so); over a filtered one it only describes a slice.
+    """
     totals: dict[str, int] = {}
     per_target: dict[str, dict[str, Any]] = {}
     for name, inv in inventory.targets.items():
         if conflicts and conflicts.get(name):
             inv.counts["CONFLICT"] = max(inv.counts["CONFLICT"], conflicts[name])
-        blocking, on_key, excluded = target_blocking(inv, key, inventory.current_key)
-        for cat, n in blocking.items():
+        entry = target_blocking(inv, key, inventory.current_key, erase_excluded=erase_excluded)
+        for cat, n in entry["blocking"].items():
             totals[cat] = totals.get(cat, 0) + n
-        entry: dict[str, Any] = {"on_key": on_key, "blocking": {c: n for c, n in blocking.items() if n},
-                                 "excluded_on_key": excluded}
         if inv.blocked_reason:
             entry["blocked_reason"] = inv.blocked_reason
         entry.update({k: v for k, v in inv.extra.items() if k.startswith("transit_") or k == "tenants"})
         per_target[name] = entry
+    for cat in (*ALWAYS_BLOCKING, "EXCLUDED"):
+        totals.setdefault(cat, 0)
     is_open = bool(inventory.targets) and not any(totals.values())
-    return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key)
+    return GateReport(key=key, open=is_open, blocking=totals, targets=per_target, current_key=inventory.current_key,
+                      erase_excluded=erase_excluded)
