@@ -21,7 +21,7 @@ from flows.reports import emit, fail, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
-from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
+from pinrotate_core.gate import GateReport, check_ticket, retire_gate, write_gate_record
 from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "demo", "keys")
@@ -258,6 +258,14 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
     return rotation.EXIT_OK
 
 
+def settled(report: GateReport) -> str:
+    """What an open gate waited for, as the tail of its durability line."""
+    waited = report.durability.get("in_flight", {}).get("waited_for", 0)
+    standbys = len(report.durability.get("standbys", {}).get("flushed", []))
+    return (f"; waited for {waited} transaction(s) in flight" if waited else "") + \
+        (f"; {standbys} standby(s) flushed past it" if standbys else "")
+
+
 def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
@@ -266,10 +274,12 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     if report.open:
         human = f"gate for key {report.key}: OPEN. Nothing in scope references it; it may be destroyed."
         if report.durability.get("wal_flush_lsn"):
-            human += f"\n(what it read is on disk: WAL flushed to {report.durability['wal_flush_lsn']})"
+            human += f"\n(what it read is on disk: WAL flushed to {report.durability['wal_flush_lsn']}{settled(report)})"
     else:
         blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
         human = f"gate for key {report.key}: CLOSED ({blocking})"
+        if report.durability.get("reason"):
+            human += f"\n{report.durability['reason']}"
     excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
     if excluded:
         human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"

@@ -62,6 +62,8 @@ def run_report(d: dict[str, Any]) -> str:
         blocking = ", ".join(f"{c}={n}" for c, n in g["blocking"].items())
         lines.append(f"gate for key {key}: " + ("OPEN: nothing references it any more" if g["open"]
                                                else f"closed ({blocking})"))
+        if g.get("reason"):
+            lines.append(f"  {g['reason']}")
     if d.get("stopped") == "cancelled":
         lines.append("stopped between batches: everything committed stays; the next run resumes")
     return "\n".join(lines)
