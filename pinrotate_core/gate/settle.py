@@ -51,7 +51,7 @@ class Session:
 
     def describe(self) -> str:
         open_for = f", open {self.open_s:.0f}s" if self.xact_start is not None else ""
-        return (f"pid {self.pid} (application_name {self.application_name!r}, role {self.role or '?'}, "
+        return (f"pid {self.pid} (application_name {self.application_name!r}, role {self.role!r}, "
                 f"{self.state or 'state not visible'}{open_for})")
 
     def as_dict(self) -> dict[str, Any]:
