@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from ..config import Settings, TargetSettings
 from ..db import database_identity, database_url, make_engine
 from ..errors import DatabaseError
-from ..inventory import take_inventory
+from ..inventory import Inventory, take_inventory
 from ..keyring import Keyring
 from ..log import log_event
 from ..providers import KeyProvider, build_provider
@@ -43,7 +43,7 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     try:
         mark = mark_before_reads(engine)  # settle: what is in flight before the reads begin
 
-        def look() -> tuple[Any, GateReport]:
+        def look() -> tuple[Inventory, GateReport]:
             inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
             return inv, evaluate_gate(inv, key)
 
