@@ -25,7 +25,7 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
-from pinrotate_core.gate import retire_gate
+from pinrotate_core.gate import retire_gate, write_gate_record
 from pinrotate_core.gate.settle import mark_read_start, settle_in_flight
 from pinrotate_core.gate.standbys import settle_standbys
 from pinrotate_core.log import LOGGER_NAME
@@ -283,6 +283,11 @@ def test_a_standby_that_has_not_flushed_what_the_gate_read_keeps_it_closed_named
     assert caught_up.open
     flushed = [s["name"] for s in caught_up.durability["standbys"]["flushed"]]
     assert any(name.startswith(f"standby '{standby_name}'") for name in flushed)
+    # The change-ticket record keeps what the open verdict waited for.
+    record = json.loads(write_gate_record(caught_up, ticket="CHG-1", path=str(keys_file.parent / "r.json"))
+                        .read_text(encoding="utf-8"))
+    assert record["verdict"] == "open" and record["settled"]["standbys"]["flushed"] == \
+        caught_up.durability["standbys"]["flushed"]
     assert retire_gate(configured.model_copy(update={"gate": gate_settings(
         replicated_database, keys_file).gate}), "1").open
 

@@ -48,6 +48,8 @@ def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime
         "tenants": as_dict["tenants"],
         "targets": {name: {**report.counts.get(name, {}), "gate": gate}
                     for name, gate in report.targets.items()},
+        # What an open (or settling) gate waited for: transactions in flight, WAL flush, standbys.
+        "settled": report.durability,
     }
 
 
