@@ -63,6 +63,8 @@ def run_report(d: dict[str, Any]) -> str:
         lines.append(f"gate for key {key} (every configured target and tenant): "
                      + ("OPEN: nothing references it any more" if g["open"] else f"closed ({blocking})")
                      + (f"; outside the targets: {', '.join(g['outside_targets'])}" if g.get("outside_targets") else ""))
+        if g.get("reason"):
+            lines.append(f"  {g['reason']}")
         if g.get("slice"):
             lines.append(f"  {slice_line(g['slice'], key)}")
     if d.get("stopped") == "cancelled":
@@ -117,6 +119,14 @@ def slice_line(part: dict[str, Any], key: str) -> str:
     return f"slice of {where} (shown only, does not decide): {counts or 'no target'}"
 
 
+def settled_tail(durability: dict[str, Any]) -> str:
+    """What an open gate waited for, as the tail of its durability line."""
+    waited = durability.get("in_flight", {}).get("waited_for", 0)
+    standbys = len(durability.get("standbys", {}).get("flushed", []))
+    return (f"; waited for {waited} transaction(s) in flight" if waited else "") + \
+        (f"; {standbys} standby(s) flushed past it" if standbys else "")
+
+
 def gate_summary(d: dict[str, Any]) -> str:
     """``gate --retire KEY`` for people: the verdict over everything configured, what blocks it where,
     what destroying KEY erases, and the filter's slice (labelled as not deciding)."""
@@ -133,10 +143,13 @@ def gate_summary(d: dict[str, Any]) -> str:
             opened = f"gate for key {key}: OPEN. Nothing in any configured target or tenant references it"
             lines = [f"{opened}; it may be destroyed."]
         if d.get("durability", {}).get("wal_flush_lsn"):
-            lines.append(f"(what it read is on disk: WAL flushed to {d['durability']['wal_flush_lsn']})")
+            lines.append(f"(what it read is on disk: WAL flushed to {d['durability']['wal_flush_lsn']}"
+                         f"{settled_tail(d['durability'])})")
     else:
         blocking = ", ".join(f"{c}={n}" for c, n in d["blocking"].items() if n)
         lines = [f"gate for key {key}: CLOSED ({blocking}), over every configured target and tenant"]
+        if d.get("durability", {}).get("reason"):
+            lines.append(d["durability"]["reason"])
         for name, t in d["targets"].items():
             if t["blocking"]:
                 lines.append(f"  {name}: " + ", ".join(f"{c}={n}" for c, n in t["blocking"].items())

@@ -59,7 +59,8 @@ class _Strict(BaseModel):
 
 class DatabaseSettings(_Strict):
     url: str | None = Field(default=None, validation_alias=env("url", "PINROTATE_DATABASE_URL"))  # absent: embedded
-    # absent: the primary's standbys, found from pg_stat_replication; [] checks no replica at all.
+    # The throttle's lag watch: absent: the primary's standbys, found from pg_stat_replication; [] checks no
+    # replica at all. The gate always checks the primary's standbys and slots, and these URLs besides.
     replicas: tuple[str, ...] | None = Field(default=None, strict=False)
 
     @field_validator("replicas")

@@ -25,6 +25,7 @@ import pytest
 from psycopg import sql
 
 from pinrotate_core import rotation
+from pinrotate_core.config import GateSettings
 from pinrotate_core.drain import Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
@@ -39,8 +40,10 @@ from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt
 def _second_run(database_url: str, keys_file: str, target: str, home: str) -> None:
     """Child process: a complete, ordinary run of ``target`` as another host would start it."""
     os.environ["PINROTATE_HOME"] = home
-    report = rotation.run_rotation(forge_settings(database_url, Path(keys_file)), target_names=[target],
-                                   expected_key="k2")
+    # Its gate waits for transactions in flight, and the first run's batch stays open until this
+    # run ends: a short wait (the gate closes, IN_FLIGHT) keeps that batch within its idle timeout.
+    settings = forge_settings(database_url, Path(keys_file)).model_copy(update={"gate": GateSettings(wait=1)})
+    report = rotation.run_rotation(settings, target_names=[target], expected_key="k2")
     raise SystemExit(report.exit_code)
 
 
@@ -245,6 +248,8 @@ def test_a_role_that_may_not_create_the_conflicts_table_is_refused_before_anythi
         r=sql.Identifier(app_role)))
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.exit_code == rotation.EXIT_OK and report.targets["T"].reencrypted == 3
+    # A gate must see every session of the database (other roles' too) to know none is in flight.
+    pg_conn.execute(sql.SQL("GRANT pg_read_all_stats TO {}").format(sql.Identifier(app_role)))
     assert retire_gate(settings, "k1").open
 
 

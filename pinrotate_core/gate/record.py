@@ -55,6 +55,8 @@ def gate_record(report: GateReport, *, ticket: str | None, recorded_at: datetime
                     for name, gate in report.targets.items()},
         "discovery": report.discovery,
         **({"slice": report.slice} if report.slice is not None else {}),
+        # What an open (or settling) gate waited for: transactions in flight, WAL flush, standbys.
+        "settled": report.durability,
     }
 
 
