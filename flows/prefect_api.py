@@ -17,8 +17,9 @@ def check_prefect_api() -> None:
     """With ``PREFECT_API_URL`` set, ask the server its version (an authenticated endpoint).
 
     Credentials refused (401/403): ``ConfigError`` (exit 2), nothing run. A server that cannot be
-    reached is left to the flow's own handling.
+    reached is left to the flow's own handling (after the configuration and targets are checked).
     """
+    import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL
@@ -29,6 +30,8 @@ def check_prefect_api() -> None:
     with get_client(sync_client=True) as client:
         try:
             client.api_version()
+        except httpx.TransportError:
+            return
         except PrefectHTTPStatusError as e:
             status = e.response.status_code
             if status in (401, 403):

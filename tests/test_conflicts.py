@@ -353,7 +353,7 @@ def test_sibling_shards_keep_each_others_conflicts_and_the_run_records_what_is_l
     assert merged["T"].state_error is None
     # Every shard completed: the run's count replaces the earlier one, and equals what is left.
     assert last_conflicts(pg_conn, "T") == 2
-    gate = rotation.retire_gate(settings, "k1")
+    gate = retire_gate(settings, "k1")
     assert not gate.open and gate.blocking["CONFLICT"] == 2
 
 

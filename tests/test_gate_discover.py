@@ -85,7 +85,7 @@ def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_
     report = retire_gate(settings, "k1")
 
     assert not report.open
-    assert report.blocking["OUTSIDE_TARGETS"] == 3 and report.blocking["HISTORICAL"] == 0
+    assert report.blocking["OUTSIDE_TARGETS"] == 3 and report.blocking.get("HISTORICAL", 0) == 0
     found = by_column(report.as_dict())
     assert found == {"archive.secrets_2023.secret": {"column": "archive.secrets_2023.secret", "by_key": {"k1": 3},
                                                      "method": "pattern"}}
@@ -124,7 +124,7 @@ def test_an_fpc1_value_in_a_jsonb_field_outside_json_paths_closes_the_gate_and_c
     pg_conn.execute("UPDATE secrets SET doc = doc || jsonb_build_object('old', jsonb_build_array(%s::text)) "
                     "WHERE id = 2", (fpc1_value("k1"),))
     report = retire_gate(settings, "k1")
-    assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1 and report.blocking["HISTORICAL"] == 0
+    assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1 and report.blocking.get("HISTORICAL", 0) == 0
     assert by_column(report.as_dict())["public.secrets.doc"]["by_key"] == {"k1": 1}
 
 
@@ -181,7 +181,7 @@ def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the
 
     report = retire_gate(settings, "1")
 
-    assert not report.open and report.blocking["HISTORICAL"] == 0
+    assert not report.open and report.blocking.get("HISTORICAL", 0) == 0
     assert report.blocking["OUTSIDE_TARGETS"] == 12 + 5
     assert by_column(report.as_dict()) == {
         "backup.people.name_cipher": {"column": "backup.people.name_cipher", "by_key": {"1": 12},
@@ -231,6 +231,8 @@ def test_a_table_the_role_cannot_read_closes_the_gate_named_and_discover_skip_op
     create_people(pg_conn, keys_file)
     assert rotation.run_rotation(settings_for(database_url, keys_file)).exit_code == 0
     pg_conn.execute(sql.SQL("GRANT SELECT, UPDATE ON people TO {}").format(sql.Identifier(app_role)))
+    # An open gate waits for every session in flight, which the role must be able to see (gate.settle).
+    pg_conn.execute(sql.SQL("GRANT pg_read_all_stats TO {}").format(sql.Identifier(app_role)))
     pg_conn.execute("CREATE TABLE hr_notes (id bigint, note text)")
     as_app = settings_for(url_as(database_url, app_role), keys_file)
 
@@ -314,7 +316,7 @@ def test_a_vault_v1_copy_outside_the_targets_blocks_retiring_v2(
 
     report = retire_gate(settings, "2")
 
-    assert not report.open and report.blocking["HISTORICAL"] == 0 and report.blocking["OUTSIDE_TARGETS"] == 3
+    assert not report.open and report.blocking.get("HISTORICAL", 0) == 0 and report.blocking["OUTSIDE_TARGETS"] == 3
     assert by_column(report.as_dict())["public.people_archive.doc"]["by_key"] == {"1": 3}
     assert not retire_gate(settings, "1").open
     pg_conn.execute("DROP TABLE people_archive")
