@@ -270,6 +270,8 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     else:
         blocking = ", ".join(f"{c}={n}" for c, n in report.blocking.items() if n)
         human = f"gate for key {report.key}: CLOSED ({blocking})"
+    if d.get("key_identity", {}).get("recorded") is False:
+        human += f"\nnote: {d['key_identity']['note']} ({d['key_identity']['table']})"
     excluded = sum(t.get("excluded_on_key", 0) for t in d["targets"].values())
     if excluded:
         human += f"\nnote: {excluded} out-of-scope rows still reference key {report.key}; destroying it crypto-erases them"

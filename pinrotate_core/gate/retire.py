@@ -17,6 +17,7 @@ from ..db import database_identity, database_url, make_engine, raw_connection
 from ..durability import confirm_flushed
 from ..errors import DatabaseError
 from ..inventory import take_inventory
+from ..key_checks import confirm_key_identity
 from ..keyring import Keyring
 from ..log import log_event
 from ..providers import KeyProvider, build_provider
@@ -39,6 +40,8 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     check_retire_key(keyring, key)
     engine = make_engine(database_url(settings), pool_size=2)
     try:
+        # A keyring whose key of some id is not the one recorded for it is refused (exit 2); a gate only compares.
+        identity = confirm_key_identity(engine, settings, keyring, provider, record=False)
         inv = take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
         report = evaluate_gate(inv, key)
         if report.open:
@@ -48,6 +51,7 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     finally:
         engine.dispose()
     report.keyring_source = keyring.source
+    report.key_identity = identity.about(key)
     report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
     report.scope = {"tenant": tenant, "all_tenants": tenant is None, "deep": deep,
                     "targets": [t.name for t in settings.targets]}

@@ -37,6 +37,8 @@ class GateReport:
     scope: dict[str, Any] = field(default_factory=dict)
     # How the gate made sure that what it read is on disk (see durability.confirm_flushed).
     durability: dict[str, Any] = field(default_factory=dict)
+    # Whether KEY's check value was recorded in pinrotate.key_checks (when, by whom; never the value).
+    key_identity: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
@@ -44,6 +46,8 @@ class GateReport:
                "current_key": self.current_key, "tenants": tenants, "application_version": application_version()}
         if self.durability:
             out["durability"] = self.durability
+        if self.key_identity:
+            out["key_identity"] = self.key_identity
         return out
 
 
