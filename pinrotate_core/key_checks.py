@@ -164,6 +164,9 @@ def confirm_key_identity(engine: sa.Engine, settings: Settings, keyring: Keyring
             raise RefusedToStart(f"role {role} may not {'write' if record else 'read'} {QUALIFIED}, where pinrotate "
                                  f"checks that each key id is one key: GRANT {grant} ON {QUALIFIED} TO {role} (and "
                                  f"USAGE ON SCHEMA {SCHEMA}); nothing was written") from None
+        except pg_errors.ReadOnlySqlTransaction:
+            raise RefusedToStart(f"the database connection is read-only: a run cannot record its keys' check values "
+                                 f"in {QUALIFIED}; nothing was written") from None
         except psycopg.Error as e:
             raise DatabaseError(f"cannot check the keys against {QUALIFIED} ({describe_db_error(e)})") from None
     news = bool(identity.recorded_now or identity.not_recorded)
