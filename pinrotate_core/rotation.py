@@ -385,6 +385,8 @@ def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
             metrics.add_error("conflict", r.conflicts)
         if r.stopped in ("key_unavailable", "db_error"):
             metrics.add_error(r.stopped)
+        elif r.stopped == STOP_KEY_MISMATCH:
+            metrics.add_error("key_unavailable")  # a worker without the real key: the key alert fires
     metrics.observe_run_duration_ms(report.duration_ms)
     metrics.set_current_key(report.current_key)
     if report.exit_code == EXIT_OK and not report.dry_run:

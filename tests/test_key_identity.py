@@ -448,3 +448,18 @@ def test_a_database_that_cannot_be_reached_for_the_check_is_exit_4_never_a_pass(
     finally:
         ctx.close()
     assert not isinstance(failed.value, (ConfigError, KeyUnavailable))
+
+
+def test_a_shard_stopped_on_a_key_mismatch_makes_the_run_exit_2_and_counts_a_key_error() -> None:
+    from pinrotate_core.drain import DrainResult
+    from pinrotate_core.key_checks import STOP_KEY_MISMATCH
+    from pinrotate_core.metrics import RotationMetrics
+
+    report = rotation.RunReport("r", "2", False)
+    report.targets = {"A": DrainResult("A", "2", reencrypted=5),
+                      "B": DrainResult("B", "2", stopped=STOP_KEY_MISMATCH, error="key 2 ... differs", retryable=False)}
+    assert report.exit_code == rotation.EXIT_CONFIG  # a refusal, not an outage (4) and never a success (0)
+    metrics = RotationMetrics()
+    rotation.record_metrics(report, metrics)
+    value = metrics.registry.get_sample_value("profile_crypto_reencrypt_errors_total", {"reason": "key_unavailable"})
+    assert value == 1.0  # PinrotateKeyErrors fires for a worker without the real key
