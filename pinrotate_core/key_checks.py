@@ -22,7 +22,7 @@ from psycopg import sql
 from ._primitives import key_check_value
 from .config import Settings
 from .db import describe_db_error, raw_connection
-from .errors import DatabaseError, RefusedToStart
+from .errors import DatabaseError, KeyUnavailable, RefusedToStart
 from .keyring import Keyring, sort_key
 from .log import log_event
 from .providers import KeyProvider, keyring_style
@@ -109,7 +109,9 @@ def _transit_checks(keyring: Keyring, provider: KeyProvider) -> list[KeyCheck]:
         return []
     versions = provider.key_info().get("keys")
     if not isinstance(versions, dict):
-        return []
+        # Fail closed: a key whose versions cannot be told apart is not assumed to be the recorded one.
+        raise KeyUnavailable(f"vault-transit {provider.mount}/{provider.key_name}: Transit lists no key versions, so "
+                             "pinrotate cannot check that they are the ones recorded", retryable=False)
     scope = f"vault-transit {provider.mount}/{provider.key_name}"
     oldest = keyring.min_decryption_version or 1
     checks = []
@@ -170,8 +172,9 @@ def confirm_key_identity(engine: sa.Engine, settings: Settings, keyring: Keyring
         except psycopg.Error as e:
             raise DatabaseError(f"cannot check the keys against {QUALIFIED} ({describe_db_error(e)})") from None
     news = bool(identity.recorded_now or identity.not_recorded)
-    log_event("key_checks", level=logging.INFO if news else logging.DEBUG, run_id=run_id, keyring=checks[0].keyring, compared=len(identity.compared),
-              recorded=identity.recorded_now or None, not_recorded=identity.not_recorded or None)
+    log_event("key_checks", level=logging.INFO if news else logging.DEBUG, run_id=run_id, keyring=checks[0].keyring,
+              compared=len(identity.compared), recorded=identity.recorded_now or None,
+              not_recorded=identity.not_recorded or None)
     return identity
 
 
