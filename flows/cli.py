@@ -287,6 +287,8 @@ def cmd_gate(ns: argparse.Namespace) -> int:
                          erase_excluded=ns.erase_excluded)
     d = report.as_dict()
     human = gate_summary(d) + discovery_report(d.get("discovery", {}))
+    if d.get("key_identity", {}).get("recorded") is False:
+        human += f"\nnote: {d['key_identity']['note']} ({d['key_identity']['table']})"
     if ticket is not None or ns.record is not None:
         path = write_gate_record(report, ticket=ticket, path=ns.record)
         d["record"] = str(path)

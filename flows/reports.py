@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pinrotate_core.drain import STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL
+from pinrotate_core.key_checks import STOP_KEY_MISMATCH
 
 INVENTORY_CATEGORIES = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKNOWN_KEY", "EXCLUDED", "FAILED",
                         "CONFLICT", "BLOCKED")
@@ -76,7 +77,7 @@ def fail_closed_summary(d: dict[str, Any]) -> str:
     """Which targets failed closed and why, by name and count only (never a row id or a value)."""
     parts = []
     for name, t in d["targets"].items():
-        if t.get("stopped") in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL):
+        if t.get("stopped") in (STOP_KEY_MISMATCH, STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL):
             parts.append(f"{name} stopped ({t['stopped']})")
         if t["failed"]:
             parts.append(f"{name}: {t['failed']} rows left unchanged")

@@ -49,6 +49,7 @@ from pinrotate_core.drain import (
     natural_id_order,
 )
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
+from pinrotate_core.key_checks import STOP_KEY_MISMATCH, KeyIdentityMismatch
 from pinrotate_core.log import configure_stderr_logging
 from pinrotate_core.schemes.base import FailedRow
 
@@ -118,7 +119,7 @@ def result_from_dict(d: dict[str, Any]) -> DrainResult:
     return DrainResult(**values)
 
 
-_STOP_ORDER = (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
+_STOP_ORDER = (STOP_KEY_MISMATCH, STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
 
 
 def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
@@ -236,6 +237,9 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
                 planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
                                         planned_backlog=planned)
+        except KeyIdentityMismatch as e:
+            # This host's keyring holds other material under a key id (checked in opened(), before any write).
+            result = stopped_result(target, spec, e, STOP_KEY_MISMATCH, rows)
         except (RefusedToStart, ConfigError) as e:  # e.g. no keyring file on this worker's host
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
         except KeyUnavailable as e:

@@ -1,4 +1,4 @@
-"""Raw cipher primitives, all from ``cryptography``. Private: only the schemes import this.
+"""Raw cipher primitives, all from ``cryptography``. Private: only the schemes and key_checks import this.
 
 Nothing here knows about keyrings, columns or databases; nothing here ever logs.
 """
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives import hashes, hmac, padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -154,3 +154,19 @@ class AesEcbPkcs7:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("key objects cannot be pickled")
+
+
+# The fixed, versioned input of every key check value: a new label means a new algorithm name.
+KEY_CHECK_LABEL = b"pinrotate key check value v1"
+KEY_CHECK_BYTES = 16
+
+
+def key_check_value(material: bytes) -> str:
+    """HMAC-SHA256 keyed with the key over ``KEY_CHECK_LABEL``, first 128 bits, hex.
+
+    A PRF output on a fixed public input: it tells two keys apart and says nothing about either
+    (finding a key from it is a brute force of the whole key space). Never an input of a cipher.
+    """
+    mac = hmac.HMAC(material, hashes.SHA256())
+    mac.update(KEY_CHECK_LABEL)
+    return mac.finalize()[:KEY_CHECK_BYTES].hex()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from . import key_checks, state
 from .config import Settings
-from .state import CREATE_SQL, QUALIFIED, SCHEMA
 from .targets import read_columns, relation_of
 
 
@@ -29,8 +29,7 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
     nothing that writes.
     """
     grantee = sql.Identifier(role)
-    table = sql.Identifier(*QUALIFIED.split("."))
-    out: list[sql.Composable] = [CREATE_SQL]
+    out: list[sql.Composable] = [state.CREATE_SQL, key_checks.CREATE_SQL]
     if read_only:
         out.append(sql.SQL("GRANT pg_read_all_data, pg_read_all_stats TO {}").format(grantee))
         return [s.as_string() + ";" for s in out]
@@ -41,6 +40,10 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
                                                                     grantee))
         written = [*t.columns, *([t.key_version] if t.key_version else [])]
         out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_ident_list(written), relation_of(t), grantee))
-    out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(SCHEMA), grantee))
-    out.append(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(table, grantee))
+    out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(state.SCHEMA), grantee))
+    # Conflicts are replaced run by run; a key's check value is only ever added (key_checks).
+    out.append(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+        sql.Identifier(state.SCHEMA, state.TABLE), grantee))
+    out.append(sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(
+        sql.Identifier(state.SCHEMA, key_checks.TABLE), grantee))
     return [s.as_string() + ";" for s in out]

@@ -7,7 +7,7 @@ end up in a Prefect result, a log record or an exception by accident.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -85,6 +85,8 @@ class Keyring:
     policy: KeyPolicy | None = None
 
     def __post_init__(self) -> None:
+        if not self.server_side:
+            check_key_ids(self.current, self.keys, where=self.source)
         if not self.server_side and self.current not in self.keys:
             raise ConfigError(f"{self.source}: current key {self.current} is not in the keyring")
 
@@ -103,6 +105,11 @@ class Keyring:
         """The current key as an integer version (``aesgcm`` and ``vault-transit`` targets)."""
         if not is_version(self.current):
             raise ConfigError(f"{self.source}: current key {self.current!r} is not a positive integer version")
+        for key_id in self.keys:
+            if is_version(key_id) and key_id != str(int(key_id)):
+                # Rows name their version as an integer: key 02 would write version 2 and read key 2.
+                raise ConfigError(f"{self.source}: key id {key_id} is key version {int(key_id)} with a leading zero;"
+                                  f" rows name versions as integers, so name it {int(key_id)}")
         return int(self.current)
 
     def versions(self) -> list[int]:
@@ -114,6 +121,29 @@ class Keyring:
 
     def __repr__(self) -> str:
         return f"Keyring(current={self.current!r}, ids={self.ids()!r}, source={self.source!r})"
+
+
+def _key_named(key_id: str) -> str:
+    return f"key {key_id}"
+
+
+def check_key_ids(current: str, ids: Iterable[str], *, where: str,
+                  name: Callable[[str], str] = _key_named) -> None:
+    """Refuse a keyring in which two ids name one key version (``2`` and ``02``), or whose current
+    names a held version by another spelling (current ``02``, key ``2``): pinrotate would write under
+    one spelling and read under the other. ``name`` says an id in the provider's own terms."""
+    held = sorted(ids)
+    by_version: dict[int, str] = {}
+    for key_id in held:
+        if is_version(key_id):
+            first = by_version.setdefault(int(key_id), key_id)
+            if first != key_id:
+                raise ConfigError(f"{where}: {name(first)} and {name(key_id)} name the same key version"
+                                  f" {int(key_id)}; keep one of them")
+    if is_version(current) and current not in held and int(current) in by_version:
+        spelled = by_version[int(current)]
+        raise ConfigError(f"{where}: current names key {current}, but the keyring holds key version {int(current)}"
+                          f" as {name(spelled)}; set current to {spelled}")
 
 
 def is_version(key_id: str) -> bool:

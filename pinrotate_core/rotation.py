@@ -24,6 +24,7 @@ from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard,
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .gate import run_gate
 from .inventory import Inventory, capacity_blocker, take_inventory
+from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
@@ -64,6 +65,8 @@ class RunReport:
     def exit_code(self) -> int:
         if self.cancelled:
             return EXIT_TERMINATED
+        if any(r.stopped == STOP_KEY_MISMATCH for r in self.targets.values()):
+            return EXIT_CONFIG  # a worker's keyring disagrees with the recorded key: a refusal, not an outage
         if any(r.fail_closed for r in self.targets.values()):
             return EXIT_FAIL_CLOSED
         if any(not v.get("ok", True) for v in self.verified.values()):
@@ -175,6 +178,8 @@ def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
     keyring = ctx.provider.load_keyring()
     apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
+    # Before anything is written: each key id is the key recorded for it (a dry run only compares).
+    confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=not ctx.dry_run, run_id=ctx.run_id)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
@@ -410,6 +415,8 @@ def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
             metrics.add_error("conflict", r.conflicts)
         if r.stopped in ("key_unavailable", "db_error"):
             metrics.add_error(r.stopped)
+        elif r.stopped == STOP_KEY_MISMATCH:
+            metrics.add_error("key_unavailable")  # a worker without the real key: the key alert fires
     metrics.observe_run_duration_ms(report.duration_ms)
     metrics.set_current_key(report.current_key)
     if report.exit_code == EXIT_OK and not report.dry_run:

@@ -29,6 +29,7 @@ from pinrotate_core.config import GateSettings
 from pinrotate_core.drain import Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
+from pinrotate_core.key_checks import CREATE_SQL as KEY_CHECKS_SQL
 from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from pinrotate_core.state import CREATE_SQL, conflicts_table_exists
 
@@ -224,10 +225,19 @@ def creds_table(pg_conn: psycopg.Connection[Any], role: str) -> list[str]:
     return values
 
 
+def grant_key_checks(pg_conn: psycopg.Connection[Any], role: str, privileges: str = "SELECT, INSERT") -> None:
+    """pinrotate.key_checks created ahead and granted (the role may not create it), so that a test of
+    pinrotate.conflicts gets past the key identity check of the start."""
+    pg_conn.execute(KEY_CHECKS_SQL)
+    pg_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT {p} ON pinrotate.key_checks TO {r}").format(
+        r=sql.Identifier(role), p=sql.SQL(privileges)))
+
+
 def test_a_role_that_may_not_create_the_conflicts_table_is_refused_before_anything_is_written(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, app_role: str) -> None:
     values = creds_table(pg_conn, app_role)
     write_keys(keys_file)
+    grant_key_checks(pg_conn, app_role)
     settings = custom_settings(as_user(database_url, app_role), keys_file, {"table": "creds", "columns": ["pw"]})
 
     with pytest.raises(RefusedToStart) as refused:
@@ -268,6 +278,7 @@ def test_a_gate_role_that_may_not_read_the_conflicts_table_is_blocked_and_an_abs
 
     assert rotation.run_rotation(owner, expected_key="k2").exit_code == rotation.EXIT_OK
     assert conflicts_table_exists(pg_conn)
+    grant_key_checks(pg_conn, app_role, "SELECT")  # the gate compares its keys with the recorded ones
     assert retire_gate(owner, "k1").open
 
     # The table exists and this role may not read it: conflicts it cannot see might exist.

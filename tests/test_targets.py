@@ -21,6 +21,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import evaluate_gate, retire_gate
+from pinrotate_core.key_checks import CREATE_SQL as KEY_CHECKS_SQL
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -106,9 +107,13 @@ def people(pg_conn: psycopg.Connection[Any], keys_file: Path) -> FileKeyProvider
 
 @pytest.fixture
 def app_role(database_url: str, pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
-    """A real LOGIN role, neither superuser nor owner of anything; dropped afterwards."""
+    """A real LOGIN role, neither superuser nor owner of anything; dropped afterwards. As the reference
+    says for a role without CREATE on the database, pinrotate.key_checks is created ahead and granted."""
     role = f"pinrotate_app_{secrets.token_hex(4)}"
     pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    pg_conn.execute(KEY_CHECKS_SQL)
+    pg_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT SELECT, INSERT ON pinrotate.key_checks "
+                            "TO {r}").format(r=sql.Identifier(role)))
     try:
         yield role
     finally:

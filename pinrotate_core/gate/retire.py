@@ -20,6 +20,7 @@ from ..config import Settings, TargetSettings
 from ..db import database_identity, database_url, make_engine
 from ..errors import DatabaseError
 from ..inventory import Inventory, take_inventory
+from ..key_checks import confirm_key_identity
 from ..keyring import Keyring
 from ..log import log_event
 from ..providers import KeyProvider, build_provider
@@ -60,6 +61,8 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     engine = make_engine(database_url(settings), pool_size=2)
     part = None
     try:
+        # A keyring whose key of some id is not the one recorded for it is refused (exit 2); a gate only compares.
+        identity = confirm_key_identity(engine, settings, keyring, provider, record=False)
         mark = mark_before_reads(engine)  # settle: what is in flight before the reads begin
 
         def look() -> tuple[Inventory, GateReport]:
@@ -82,6 +85,7 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
         engine.dispose()
     report.slice = part
     report.keyring_source = keyring.source
+    report.key_identity = identity.about(key)
     report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
     report.scope = {"all_tenants": True, "targets": [t.name for t in settings.targets], "deep": deep,
                     "filter": {"tenant": tenant}, "erase_excluded": erase_excluded}

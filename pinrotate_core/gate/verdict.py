@@ -48,6 +48,8 @@ class GateReport:
     durability: dict[str, Any] = field(default_factory=dict)
     # The sweep outside the configured targets (gate.discover.apply_discovery): names and counts only.
     discovery: dict[str, Any] = field(default_factory=dict)
+    # Whether KEY's check value was recorded in pinrotate.key_checks (when, by whom; never the value).
+    key_identity: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         tenants = sorted({tn for t in self.targets.values() for tn in t.get("tenants", [])})
@@ -61,6 +63,8 @@ class GateReport:
             out["durability"] = self.durability
         if self.discovery:
             out["discovery"] = self.discovery
+        if self.key_identity:
+            out["key_identity"] = self.key_identity
         return out
 
     def excluded_on_key(self) -> dict[str, dict[str, int]]:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from ..keyring import Key, Keyring
+from ..keyring import Key, Keyring, check_key_ids
 from ._material import decode_key, normalise_current
 
 PREFIX = "PINROTATE_KEY_"
@@ -34,6 +34,7 @@ class EnvKeyProvider:
                 legacy = decode_key("legacy", value, where=name)
                 continue
             keys[key_id] = decode_key(key_id, value, where=name)
+        check_key_ids(current, keys, where="keys.provider = env", name=lambda k: PREFIX + k)
         if current not in keys:
             raise ConfigError(f"PINROTATE_KEY_CURRENT names key {current}, but PINROTATE_KEY_{current} is not set")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)

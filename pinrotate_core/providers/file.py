@@ -26,7 +26,7 @@ import tomli_w
 
 from .._files import exclusive_lock, write_atomically
 from ..errors import ConfigError
-from ..keyring import Key, Keyring, is_version, next_version, sort_key, validate_key_id
+from ..keyring import Key, Keyring, check_key_ids, is_version, next_version, sort_key, validate_key_id
 from ._material import decode_key, normalise_current
 
 _ALLOWED_TOP = {"current", "keys", "legacy"}
@@ -84,6 +84,7 @@ class FileKeyProvider:
         current = normalise_current(raw["current"], where=where)
         keys = {str(k): decode_key(str(k), v, where=where) for k, v in table.items()}
         legacy = decode_key("legacy", raw["legacy"], where=where) if "legacy" in raw else None
+        check_key_ids(current, keys, where=where, name=lambda k: f"[keys] {k}")
         if current not in keys:
             raise ConfigError(f"{where}: current names key {current}, which is not in [keys]")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)

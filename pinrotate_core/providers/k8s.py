@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..keyring import Key, Keyring
+from ..keyring import Key, Keyring, check_key_ids
 from ._material import decode_key, normalise_current
 
 
@@ -35,6 +35,7 @@ class K8sDirKeyProvider:
                 legacy = decode_key("legacy", _read(entry), where=str(entry))
             else:
                 keys[entry.name] = decode_key(entry.name, _read(entry), where=str(entry))
+        check_key_ids(current, keys, where="keys.dir", name=lambda k: f"file {d / k}")
         if current not in keys:
             raise ConfigError(f"keys.dir: current names key {current}, but {d / current} is missing")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)

@@ -33,7 +33,7 @@ from ..errors import (
     PinrotateError,
     TransitValuesInvalid,
 )
-from ..keyring import Key, Keyring, next_version, validate_key_id
+from ..keyring import Key, Keyring, check_key_ids, next_version, validate_key_id
 from ..log import log_event
 from ..schemes.transit import transit_version
 from ._material import decode_key, normalise_current
@@ -346,6 +346,7 @@ class VaultKvKeyProvider:
                 continue
             validate_key_id(field_name, where=f"{where}: field {field_name[:40]!r}")
             keys[field_name] = decode_key(field_name, value, where=f"{where}: field {field_name}")
+        check_key_ids(current, keys, where=where, name=lambda k: f"field {k}")
         if current not in keys:
             # A key version the keyring names but does not hold: fail closed (exit 4), never guess.
             raise KeyUnavailable(
