@@ -164,7 +164,7 @@ def test_the_cli_prints_why_a_gate_that_waited_in_vain_is_closed_on_one_line(
         pid = app.info.backend_pid
     assert code == rotation.EXIT_GATE_CLOSED, err
     first, second = out.strip().splitlines()[:2]
-    assert first == "gate for key 1: CLOSED (IN_FLIGHT=1)"
+    assert first == "gate for key 1: CLOSED (IN_FLIGHT=1), over every configured target and tenant"
     assert second.startswith("1 transaction(s) in flight since before the gate read did not end within 2s: "
                              f"pid {pid} (application_name 'report-job'")
     code, doc, err = cli("gate", "--retire", "1", "--config", str(config), "--json")

@@ -196,7 +196,7 @@ def _aesgcm_settings(url: str, keys_file: Path) -> Any:
 def test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_compares_with_it(
         database_url: str, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
-    provider = FileKeyProvider(keys_file)
+    provider = FileKeyProvider(keys_file, create=True)
     ring = provider.load_keyring()
     other = Keyring(current="1", keys={"1": Key("1", secrets.token_bytes(32))}, source="another host")
     settings = _aesgcm_settings(database_url, keys_file)
@@ -264,7 +264,7 @@ def as_user(url: str, user: str) -> str:
 def test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege(
         database_url: str, app_role: str, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
-    FileKeyProvider(keys_file).load_keyring()
+    FileKeyProvider(keys_file, create=True).load_keyring()
     settings = _aesgcm_settings(as_user(database_url, app_role), keys_file)
     ctx = rotation.open_run(settings)
     try:
@@ -287,7 +287,7 @@ def test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_no
     pg_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT SELECT ON pinrotate.key_checks TO {r}")
                     .format(r=sql.Identifier(app_role)))
     keys_file = tmp_path / "keys" / "keys.toml"
-    ring = FileKeyProvider(keys_file).load_keyring()
+    ring = FileKeyProvider(keys_file, create=True).load_keyring()
     settings = _aesgcm_settings(as_user(database_url, app_role), keys_file)
     engine = make_engine(as_user(database_url, app_role), pool_size=1)
     try:
@@ -440,7 +440,7 @@ def test_a_transit_key_created_again_under_the_same_name_is_refused_and_the_same
 
 def test_a_database_that_cannot_be_reached_for_the_check_is_exit_4_never_a_pass(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
-    FileKeyProvider(keys_file).load_keyring()
+    FileKeyProvider(keys_file, create=True).load_keyring()
     ctx = rotation.open_run(_aesgcm_settings("postgresql://nobody@127.0.0.1:1/none", keys_file))
     try:
         with pytest.raises(DatabaseError) as failed:

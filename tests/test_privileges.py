@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pinrotate_core import key_checks
 from tests.pinprofile import PinProfile, cli, seed_profile, write_config
 
 
@@ -105,7 +106,8 @@ def test_a_read_only_auditor_inventories_and_gates_with_the_owners_answer_and_ca
     code, _, err = cli("run", "--config", config)
     assert code == 2
     last = err.strip().splitlines()[-1]
-    assert f"role {auditor} lacks UPDATE (" in last and "Traceback" not in err
+    # The first write a run would make is its key check values (pinrotate.key_checks): refused, named.
+    assert f"role {auditor} may not write pinrotate.key_checks" in last and "Traceback" not in err
     assert key_versions(profile) == {1: 30}  # nothing written
 
 
@@ -114,6 +116,10 @@ def test_a_role_without_grants_gets_one_line_naming_the_missing_privilege(
     profile = seed_profile(database_url, tmp_path, rows=10)
     nobody = new_role(database_url, roles, "none")
     with psycopg.connect(profile.url, autocommit=True) as conn:
+        # The bookkeeping tables are there and granted: what is missing is on the target alone.
+        conn.execute(key_checks.CREATE_SQL)
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT SELECT, INSERT ON pinrotate.key_checks "
+                             "TO {r}").format(r=sql.Identifier(nobody)))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA profile TO {}").format(sql.Identifier(nobody)))
         # Half a grant: SELECT on the ciphertexts only, no UPDATE.
         conn.execute(sql.SQL("GRANT SELECT (id, first_name_cipher) ON profile.persons TO {}").format(
