@@ -764,7 +764,7 @@ _DELETE = object()
 BAD_SETTINGS = {
     "batch_size_0": (_set("job.batch_size", 0), "job.batch_size"),
     "unknown_setting": (_set("job.batchsize", 50), "job.batchsize: unknown setting"),
-    "aesgcm_without_key_version": (_set("targets.1.key_version", _DELETE), "targets[1]: an aesgcm target needs"),
+    "aesgcm_without_key_version": (_set("targets.1.key_version", _DELETE), 'target "PersonDocument": an aesgcm target needs'),
 }
 
 
