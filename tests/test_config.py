@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.presets import PIN_PROFILE_TOML
 from pinrotate_core.config import DEFAULT_BATCH_TIME_TARGET, Settings, load_settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
+from pinrotate_core.samples.pin_profile import PIN_PROFILE_TOML
 
 SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
 DB_URL = f"postgresql://app:{SECRET}@db.internal/profile"
@@ -507,7 +507,8 @@ def test_the_postgresql_timeouts_accept_their_whole_range_in_milliseconds(tmp_pa
 def test_errors_speak_toml_naming_a_target_by_its_name_and_entries_from_one() -> None:
     target = {"name": "Person", "table": "t", "key_version": "kv", "columns": ["c"]}
     cases = [
-        ({"targets": [target, {**target, "name": "Other", "columns": "c"}]}, 'target "Other": columns: must be an array'),
+        ({"targets": [target, {**target, "name": "Other", "columns": "c"}]},
+         'target "Other": columns: must be an array'),
         ({"targets": [{**target, "columns": ["c", 7]}]}, 'target "Person": columns entry 2: must be a string'),
         ({"targets": [target, {**target, "name": "no good!", "tenant": 1}]}, "[[targets]] table 2: name: must match"),
         ({"targets": [target], "job": "fast"}, "job: must be a table"),

@@ -111,8 +111,8 @@ def test_the_dry_run_table_says_would_be_left_not_backlog_left() -> None:
 
 def test_notes_reach_the_human_report_the_json_and_the_markdown() -> None:
     report = rotation.RunReport("r", "2", dry_run=False)
-    report.targets = {"Person": _result(reencrypted=3, notes=["shard 1/2 ran again after the worker running it "
-                                                              "was lost"])}
+    note = "shard 1/2 ran again after the worker running it was lost"
+    report.targets = {"Person": _result(reencrypted=3, notes=[note])}
     doc = report.as_dict()
     assert doc["targets"]["Person"]["notes"] == ["shard 1/2 ran again after the worker running it was lost"]
     assert "Person: note: shard 1/2 ran again" in reports.run_report(doc)
@@ -159,6 +159,6 @@ def test_a_backlog_that_cannot_be_counted_again_keeps_the_shards_figure_and_says
     _recount(spec, report, drains.uncounted_targets())
     person = report.targets["Person"]
     assert person.backlog_remaining == 40
-    assert person.notes == ["backlog left is the shards' last figure: the database could not be counted at the "
-                            "end of the run"]
+    assert person.notes == [("backlog left is the shards' last figure: the database could not be counted at the "
+                             "end of the run")]
     assert any("event=report_note" in line and "target=Person" in line for line in log_lines)
