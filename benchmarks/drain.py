@@ -42,11 +42,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows import presets
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target, split_backlog
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.samples import pin_profile as presets
 from pinrotate_core.schemes import build_scheme
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.targets import resolve_target
@@ -205,7 +205,6 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
     from distributed import Client, LocalCluster
 
     from flows.runtime import LOCAL_WORKER_CONFIG
-
     from pinrotate_core import rotation
 
     logging.getLogger("distributed").setLevel(logging.WARNING)

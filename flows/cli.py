@@ -26,7 +26,7 @@ from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
 from pinrotate_core.log import configure_stderr_logging
 
-COMMANDS = ("run", "inventory", "gate", "grants", "demo", "keys")
+COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="embedded PostgreSQL, fresh keys, sample data, then a rotation")
     _common(demo)
-    demo.add_argument("--rows", type=int, default=10_000, metavar="N", help="sample persons (default 10000)")
+    demo.add_argument("--rows", type=int, default=10_000, metavar="N",
+                      help="sample persons (default 10000), with N/2 documents, N/4 templates and N/4 requests")
     demo.add_argument("--keys", choices=("file", "vault"), default="file",
                       help="key provider for the demo (vault needs VAULT_ADDR/VAULT_TOKEN or a local bao)")
+
+    seed = sub.add_parser("seed", help="load the Pin profile sample into the configured database (never one that"
+                                       " already holds its tables), to try a rotation on your own server")
+    _common(seed)
+    seed.add_argument("--rows", type=int, default=10_000, metavar="N",
+                      help="sample persons (default 10000), with N/2 documents, N/4 templates and N/4 requests")
+    seed.add_argument("--key", metavar="V", help="integer key version to encrypt under (default: the current key)")
 
     keys = sub.add_parser("keys", help="manage the keyring (file, vault-kv; rotate for vault-transit)")
     _common(keys)
@@ -186,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from flows import keys_cli
 
             return keys_cli.run(ns, emit)
+        if ns.command == "seed":
+            return cmd_seed(ns)
         if ns.command == "demo":
             from flows import demo
 
@@ -264,6 +274,24 @@ def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))
     return outcome.exit_code
+
+
+# -- seed -----------------------------------------------------------------------------------------------
+
+def cmd_seed(ns: argparse.Namespace) -> int:
+    from pinrotate_core.providers import build_provider
+    from pinrotate_core.samples import seed_database
+
+    settings = _settings(ns)
+    keyring = build_provider(settings).load_keyring()
+    summary = seed_database(settings, keyring, rows=ns.rows, key_id=ns.key)
+    doc = {"sample": "pin-profile", "key": summary.key_id, "rows": summary.total_rows, "tables": summary.counts,
+           "drafts": summary.drafts}
+    human = (f"seeded {summary.total_rows} rows of the Pin profile sample under key {summary.key_id} "
+             f"({', '.join(f'{t}: {n}' for t, n in summary.counts.items())}; {summary.drafts} drafts)\n"
+             "next: keys add, keys promote <new key>, then inventory and run")
+    emit(ns, doc, human)
+    return rotation.EXIT_OK
 
 
 # -- inventory and gate ---------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from typing import Any
 import psycopg
 import tomli_w
 
-from flows import presets
 from flows.reports import demo_report, emit, fail
 from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
@@ -36,6 +35,7 @@ from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.providers import KeyringAdmin
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import build_vault_provider
+from pinrotate_core.samples import pin_profile
 
 
 def _say(ns: argparse.Namespace, text: str) -> None:
@@ -44,8 +44,11 @@ def _say(ns: argparse.Namespace, text: str) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    if ns.rows < 4:
-        raise ConfigError("--rows: must be at least 4")
+    if ns.config is not None:
+        raise ConfigError("demo --config: the demo runs on its own embedded server and keys and reads no"
+                          " configuration; to load the sample into your database: seed --config PATH")
+    if ns.rows < 1:
+        raise ConfigError("--rows: must be at least 1")
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
     os.chmod(sandbox, 0o700)
     with contextlib.ExitStack() as stack:
@@ -67,16 +70,16 @@ def run(ns: argparse.Namespace) -> int:
             ).keys)  # type: ignore[assignment]
             provider.add_key()  # a new secret: key 1, current = 1
         ring1 = provider.load_keyring()  # file: first use creates one fresh key, current = 1
-        persons = max(1, ns.rows // 2)  # persons + documents (1/2) + templates (1/4) + requests (1/4) = rows
+        # --rows N: N persons, as its help says (and N/2 documents, N/4 templates, N/4 requests).
         with psycopg.connect(url, autocommit=True) as conn:
-            presets.apply_pin_profile_schema(conn)
-            summary = presets.seed_pin_profile(conn, ring1, rows=persons, key_id="1")
+            pin_profile.apply_pin_profile_schema(conn)
+            summary = pin_profile.seed_pin_profile(conn, ring1, rows=ns.rows, key_id="1")
         _say(ns, f"seeded {summary.total_rows} rows under key 1 ({summary.drafts} drafts without a snapshot)")
         provider.add_key()  # key 2, read-only first ...
         provider.promote("2")  # ... then current: the backlog appears
         _say(ns, "key 2 added and promoted: running the flow pinrotate-rotate")
 
-        raw = tomllib.loads(presets.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
+        raw = tomllib.loads(pin_profile.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
         raw["database"] = {"url": url}
         raw["keys"] = keys_settings
         raw["job"] = {**raw.get("job", {}), "batch_size": 1000, "inter_batch_delay": 0}
@@ -92,7 +95,8 @@ def run(ns: argparse.Namespace) -> int:
             return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
         after = rotation.inventory(settings, deep=True)
         gate = evaluate_gate(after, "1")
-        doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "sandbox": str(sandbox),
+        doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "persons_seeded": summary.persons,
+                                          "sandbox": str(sandbox),
                                           "inventory_after": after.as_dict(), "gate_key_1": gate.as_dict()}}
         emit(ns, doc, demo_report(doc))
         return outcome.exit_code

@@ -43,15 +43,21 @@ def run_report(d: dict[str, Any]) -> str:
         "  (DRY RUN: nothing written)" if d["dry_run"] else "")
     if d.get("skipped"):
         return f"{head}\n{d['skipped']}; nothing to do in this run."
+    moved, left = _count_labels(d["dry_run"])
     lines = [head, "",
-             f"{'target':<22}{'re-encrypted':>13}{'failed':>8}{'conflicts':>10}{'backlog left':>13}{'batches':>8}{'seconds':>9}"]
+             f"{'target':<22}{moved:>17}{'failed':>8}{'conflicts':>10}{left:>17}{'batches':>8}{'seconds':>9}"]
     for name, t in d["targets"].items():
-        lines.append(f"{name:<22}{t['reencrypted']:>13}{t['failed']:>8}{t['conflicts']:>10}"
-                     f"{t['backlog_remaining']:>13}{t['batches']:>8}{t['duration_ms'] / 1000:>9.1f}"
+        lines.append(f"{name:<22}{t['reencrypted']:>17}{t['failed']:>8}{t['conflicts']:>10}"
+                     f"{t['backlog_remaining']:>17}{t['batches']:>8}{t['duration_ms'] / 1000:>9.1f}"
                      + (f"  stopped: {t['stopped']}" if t.get("stopped") else ""))
+    if d["dry_run"]:
+        lines.append("(dry run: what a real run would re-encrypt and leave; nothing was written, the backlog is"
+                     " all still there)")
     for name, t in d["targets"].items():
         if t.get("error"):
             lines.append(f"  {name}: {t['error']}")
+        for note in t.get("notes", []):
+            lines.append(f"  {name}: note: {note}")
         for f in t.get("failed_rows", [])[:10]:
             lines.append(f"  {name}: row {f['id']} left unchanged ({f['reason']}: {', '.join(f['columns'])})")
     verified = d["verified"]
@@ -71,6 +77,11 @@ def run_report(d: dict[str, Any]) -> str:
     if d.get("stopped") == "cancelled":
         lines.append("stopped between batches: everything committed stays; the next run resumes")
     return "\n".join(lines)
+
+
+def _count_labels(dry_run: bool) -> tuple[str, str]:
+    """Column titles: a dry run's "backlog left 0" must not read as "done"."""
+    return ("would re-encrypt", "would be left") if dry_run else ("re-encrypted", "backlog left")
 
 
 def fail_closed_summary(d: dict[str, Any]) -> str:
@@ -93,11 +104,14 @@ def gate_markdown(d: dict[str, Any]) -> str:
     """The run report as a Markdown artifact: counts, names and the gate per older key. Never a value."""
     lines = [f"# pinrotate run `{d['run_id']}`", "",
              f"Current key: **{d['current_key']}**" + (" (dry run)" if d["dry_run"] else ""), "",
-             "| target | re-encrypted | failed | conflicts | backlog left | batches | ms |",
+             "| target | {} | failed | conflicts | {} | batches | ms |".format(*_count_labels(d["dry_run"])),
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, t in d["targets"].items():
         lines.append(f"| {name} | {t['reencrypted']} | {t['failed']} | {t['conflicts']} | "
                      f"{t['backlog_remaining']} | {t['batches']} | {t['duration_ms']} |")
+    notes = [f"- {name}: {note}" for name, t in d["targets"].items() for note in t.get("notes", [])]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
     lines += ["", "## Retire gate", "", "| key | gate | blocking |", "|---|---|---|"]
     for key, g in d.get("gate", {}).items():
         blocking = ", ".join(f"{c} {n}" for c, n in g["blocking"].items()) or "nothing"

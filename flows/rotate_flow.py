@@ -38,9 +38,10 @@ from flows.runtime import (
 from flows.tasks import (
     RunSpec,
     drain_shard,
-    merge_results,
+    merge_shards,
     plan_shards,
     read_current_key,
+    recount_backlog,
     result_as_dict,
     result_from_dict,
     retire_gate_report,
@@ -51,7 +52,7 @@ from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings, resolve_config_path
 from pinrotate_core.db import database_url, make_engine
-from pinrotate_core.drain import STOP_CANCELLED, STOP_DB_ERROR, DrainResult
+from pinrotate_core.drain import STOP_CANCELLED, STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, DrainResult
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
 from pinrotate_core.log import configure_stderr_logging, log_event
 
@@ -102,6 +103,10 @@ class _Shard:
     exact: bool  # rows was counted, not estimated from a page sample
     result: DrainResult | None = None
     worker: str = ""
+    started: bool = False  # the task began draining (not refused, not cancelled first)
+    counted: bool = False  # result.backlog_remaining is a count, not a plan or a stale figure
+    started_at: float | None = None  # wall clock, from the task: shards overlap, so a target's
+    ended_at: float | None = None  # time is its first start to its last end
 
 
 class ShardDrains:
@@ -142,27 +147,59 @@ class ShardDrains:
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
             doc = future.result(raise_on_failure=True)
-            shard.worker = str(doc.get("worker", ""))
-            return result_from_dict(doc)
         except Exception as e:  # noqa: BLE001 - whatever ended the task (a lost worker, an abort), the shard is not done
             if stop.is_set():
                 # Cancelling: the API refuses to start new task runs; the shard's rows stay for the next run.
                 return stopped_result(shard.target, self.spec, e, STOP_CANCELLED, shard.rows)
+            shard.started = True
             message = f"target {shard.target} shard {shard.shard}: the task did not finish ({type(e).__name__}: {e})"
             log_event("shard_failed", level=40, run_id=self.spec.run_id, target=shard.target, shard=shard.shard,
                       error=type(e).__name__)
-            return stopped_result(shard.target, self.spec, DatabaseError(message), STOP_DB_ERROR, shard.rows)
+            failed = stopped_result(shard.target, self.spec, DatabaseError(message), STOP_DB_ERROR, shard.rows)
+            failed.notes.append(f"shard {shard.shard} did not report: rows it re-encrypted before it ended stay "
+                                "re-encrypted but are not in these counts")
+            return failed
+        shard.worker = str(doc.get("worker", ""))
+        shard.started = bool(doc.get("started", True))
+        shard.started_at, shard.ended_at = doc.get("started_at"), doc.get("ended_at")
+        result = result_from_dict(doc)
+        shard.counted = (result.stopped not in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR) if shard.started
+                         else shard.exact)
+        return result
 
     def by_target(self) -> dict[str, DrainResult]:
-        """One result per target, in the configured order; a shard never started (the run was
-        cancelled first) counts as stopped, its backlog left for the next run."""
-        out: dict[str, list[DrainResult]] = {}
+        """One result per target, in the configured order. A shard never started (the run was
+        cancelled first) counts as stopped, its planned backlog left for the next run."""
+        out: dict[str, list[_Shard]] = {}
         for s in self.shards:
+            out.setdefault(s.target, []).append(s)
+        return {name: self._target_result(shards) for name, shards in out.items()}
+
+    def _target_result(self, shards: list[_Shard]) -> DrainResult:
+        for s in shards:
             if s.result is None:
-                s.result = stopped_result(s.target, self.spec, PinrotateError("cancelled before it started"),
-                                          STOP_CANCELLED, s.rows)
-            out.setdefault(s.target, []).append(s.result)
-        return {name: merge_results(parts) for name, parts in out.items()}
+                s.result = DrainResult(s.target, self.spec.current_key or "", stopped=STOP_CANCELLED,
+                                       dry_run=self.spec.dry_run, backlog_before=s.rows, backlog_remaining=s.rows)
+                s.counted = s.exact
+        merged = merge_shards([s.result for s in shards if s.result is not None])
+        starts = [s.started_at for s in shards if s.started_at is not None]
+        ends = [s.ended_at for s in shards if s.ended_at is not None]
+        if starts and ends:
+            merged.duration_ms = (max(ends) - min(starts)) * 1000
+        unstarted = sum(1 for s in shards if not s.started)
+        if unstarted:
+            what = ("cancelled before it started" if unstarted == len(shards) else
+                    f"cancelled before {unstarted} of {len(shards)} shards started; their rows stay for the next run")
+            if merged.stopped == STOP_CANCELLED and merged.error is None:
+                merged.error = what
+            else:
+                merged.notes.append(what)
+        return merged
+
+    def uncounted_targets(self) -> list[str]:
+        """Targets whose backlog left is not a count: a shard stopped by an outage or lost, or one
+        that never started on an estimated plan. Their backlog is counted again at the end."""
+        return list(dict.fromkeys(s.target for s in self.shards if not s.counted))
 
     def sharded(self) -> list[str]:
         """Targets drained as id ranges (more than one shard): their shards recorded CONFLICTs additively."""
@@ -213,6 +250,7 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
     # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.
     rotation.record_run_conflicts(ctx, report.targets, drains.sharded())
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
+    _recount(spec, report, drains.uncounted_targets())
     results = {name: result_as_dict(r) for name, r in report.targets.items()}
     if report.cancelled:
         # Cancelling: the API refuses new task runs, so the last steps run here, directly.
@@ -232,6 +270,23 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
         # counts and reasons only; the report rides along for an in-process caller.
         return Failed(message=f"stopped fail-closed: {summary}", data=RunFailedClosed(summary, doc))
     return doc
+
+
+def _recount(spec: RunSpec, report: rotation.RunReport, names: list[str]) -> None:
+    """Count again the backlog of targets whose shards could not count theirs, and say in the
+    report and the log what its counts do not cover."""
+    if names:
+        # Cancelling: the API refuses new task runs, so this runs here, directly.
+        counted = (recount_backlog.fn if report.cancelled else recount_backlog)(spec, names)
+        for name in names:
+            if name in counted:
+                report.targets[name].backlog_remaining = counted[name]
+            else:
+                report.targets[name].notes.append("backlog left is the shards' last figure: the database "
+                                                  "could not be counted at the end of the run")
+    for name, r in report.targets.items():
+        for note in r.notes:
+            log_event("report_note", level=30, run_id=spec.run_id, target=name, note=note)
 
 
 # -- running the flow from the command line and the demo -------------------------------------------------

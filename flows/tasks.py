@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -48,9 +49,9 @@ from pinrotate_core.drain import (
     DrainResult,
     natural_id_order,
 )
-from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
+from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, RefusedToStart
 from pinrotate_core.key_checks import STOP_KEY_MISMATCH, KeyIdentityMismatch
-from pinrotate_core.log import configure_stderr_logging
+from pinrotate_core.log import configure_stderr_logging, log_event
 from pinrotate_core.schemes.base import FailedRow
 
 DRAIN_ATTEMPTS = 4  # a retryable stop (an outage) is tried again with backoff, inside the task
@@ -120,48 +121,83 @@ def result_from_dict(d: dict[str, Any]) -> DrainResult:
 
 
 _STOP_ORDER = (STOP_KEY_MISMATCH, STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
+# Scheme counts of values a drain leaves where they are: a later attempt over the same range passes
+# them again, so attempts take the largest count, not the sum (shards, over disjoint ranges, add up).
+_LEFT_IN_PLACE = frozenset({"unknown", "unknown_key", "legacy_left"})
+# Every field of DrainResult, each folded by name below: a new field must be added here and to both
+# merges (tests/test_reports.py checks that this is the whole list), never summed by its type.
+FOLDED_FIELDS = frozenset({
+    "target", "current_key", "dry_run", "reencrypted", "failed", "conflicts", "batches", "duration_ms",
+    "backlog_before", "backlog_remaining", "stopped", "error", "retryable", "sample_ids", "counts",
+    "conflicts_by_tenant", "state_error", "notes"})
 
 
-def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
-    """Fold the results of one target's shards (or of retried attempts) into one: counts add up,
-    failed rows are listed once, the most serious stop wins, durations overlap (the longest counts)."""
-    if len(parts) == 1:
-        return parts[0]
+def _most_serious(stops: Sequence[str | None]) -> str | None:
+    present = [s for s in stops if s]
+    return min(present, key=lambda r: _STOP_ORDER.index(r) if r in _STOP_ORDER else -1) if present else None
+
+
+def _failed_once(parts: Sequence[DrainResult]) -> list[FailedRow]:
+    by_id: dict[tuple[str, str], FailedRow] = {}
+    for part in parts:
+        for row in part.failed:
+            by_id.setdefault((row.id, row.reason), row)
+    return sorted(by_id.values(), key=lambda row: (natural_id_order(row.id), row.reason))
+
+
+def _samples(parts: Sequence[DrainResult]) -> list[Any]:
+    return list(dict.fromkeys(i for p in parts for i in p.sample_ids))[:SAMPLE_IDS]
+
+
+def _added(maps: Sequence[dict[str, int]], *, largest: frozenset[str] = frozenset()) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for m in maps:
+        for k, n in m.items():
+            total[k] = max(total.get(k, 0), n) if k in largest else total.get(k, 0) + n
+    return total
+
+
+def merge_shards(parts: Sequence[DrainResult]) -> DrainResult:
+    """One target's shards (disjoint id ranges) as one result: counts and backlogs add up, failed
+    rows and samples are listed once, the most serious stop wins with its own message (never the
+    message of a shard that stopped for a lesser reason). ``duration_ms`` is the longest shard's;
+    the flow replaces it with the target's elapsed wall time."""
     first = parts[0]
-    merged = dataclasses.replace(first)
-    for f in dataclasses.fields(first):
-        values = [getattr(p, f.name) for p in parts]
-        if f.name in ("target", "current_key", "dry_run"):
-            continue
-        if f.name == "duration_ms":
-            merged.duration_ms = max(values)
-        elif f.name == "failed":
-            by_id: dict[tuple[str, str], FailedRow] = {}
-            for rows in values:
-                for row in rows:
-                    by_id.setdefault((row.id, row.reason), row)
-            merged.failed = sorted(by_id.values(), key=lambda row: (natural_id_order(row.id), row.reason))
-        elif f.name == "sample_ids":
-            merged.sample_ids = list(dict.fromkeys(i for ids in values for i in ids))[:SAMPLE_IDS]
-        elif f.name == "stopped":
-            present = [v for v in values if v]
-            merged.stopped = min(present, key=lambda r: _STOP_ORDER.index(r) if r in _STOP_ORDER else -1) \
-                if present else None
-        elif f.name == "retryable":
-            merged.retryable = any(values)
-        elif isinstance(values[0], bool):
-            setattr(merged, f.name, any(values))
-        elif isinstance(values[0], int):
-            setattr(merged, f.name, sum(values))
-        elif isinstance(values[0], dict):
-            total: dict[str, int] = {}
-            for v in values:
-                for k, n in v.items():
-                    total[k] = total.get(k, 0) + n
-            setattr(merged, f.name, total)
-        else:  # an optional message (error, state_error): the first one
-            setattr(merged, f.name, next((v for v in values if v), None))
-    return merged
+    stopped = _most_serious([p.stopped for p in parts])
+    return DrainResult(
+        target=first.target, current_key=first.current_key, dry_run=first.dry_run,
+        reencrypted=sum(p.reencrypted for p in parts), failed=_failed_once(parts),
+        conflicts=sum(p.conflicts for p in parts), batches=sum(p.batches for p in parts),
+        duration_ms=max(p.duration_ms for p in parts),
+        backlog_before=sum(p.backlog_before for p in parts),
+        backlog_remaining=sum(p.backlog_remaining for p in parts),
+        stopped=stopped, error=next((p.error for p in parts if p.error and p.stopped == stopped), None),
+        retryable=any(p.retryable for p in parts if p.stopped == stopped),
+        sample_ids=_samples(parts), counts=_added([p.counts for p in parts]),
+        conflicts_by_tenant=_added([p.conflicts_by_tenant for p in parts]),
+        state_error=next((p.state_error for p in parts if p.state_error), None),
+        notes=[n for p in parts for n in p.notes])
+
+
+def merge_attempts(attempts: Sequence[DrainResult]) -> DrainResult:
+    """Successive attempts at one shard (a retryable stop tried again) as one result: what each
+    attempt moved adds up; how the shard ended (stop, message, backlog left) is the last attempt's,
+    so a first failure that a retry got past does not fail the run."""
+    first, last = attempts[0], attempts[-1]
+    # A CONFLICT count that an earlier attempt could not record stays unrecorded: the gate must not
+    # trust the table for it. An attempt without conflicts had nothing to record.
+    unrecorded = next((a.state_error for a in attempts[:-1] if a.state_error and a.conflicts), None)
+    return DrainResult(
+        target=first.target, current_key=first.current_key, dry_run=first.dry_run,
+        reencrypted=sum(a.reencrypted for a in attempts), failed=_failed_once(attempts),
+        conflicts=sum(a.conflicts for a in attempts), batches=sum(a.batches for a in attempts),
+        duration_ms=sum(a.duration_ms for a in attempts),
+        backlog_before=first.backlog_before, backlog_remaining=last.backlog_remaining,
+        stopped=last.stopped, error=last.error, retryable=last.retryable,
+        sample_ids=_samples(attempts), counts=_added([a.counts for a in attempts], largest=_LEFT_IN_PLACE),
+        conflicts_by_tenant=_added([a.conflicts_by_tenant for a in attempts]),
+        state_error=last.state_error or unrecorded,
+        notes=[n for a in attempts for n in a.notes])
 
 
 def stopped_result(target: str, spec: RunSpec, exc: BaseException, stopped: str, rows: int = 0) -> DrainResult:
@@ -223,11 +259,14 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     Prefect API, stops the drain between batches.
     """
     configure_stderr_logging()
+    started_at = time.time()
     stop = threading.Event()
     attempts: list[DrainResult] = []
     if flow_run_cancelling(spec.run_id):
-        return {**result_as_dict(stopped_result(target, spec, PinrotateError("cancelled before it started"),
-                                                STOP_CANCELLED, rows)), "shard": shard, "worker": _where()}
+        unstarted = DrainResult(target, spec.current_key or "", stopped=STOP_CANCELLED, dry_run=spec.dry_run,
+                                backlog_before=rows, backlog_remaining=rows)
+        return {**result_as_dict(unstarted), "shard": shard, "worker": _where(), "started": False}
+    restarted = _run_before_by_a_lost_worker()
 
     def attempt() -> DrainResult:
         try:
@@ -264,17 +303,61 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
                             wait=wait_exponential_jitter(multiplier=2, max=30), retry=retry_if_result(worth_retrying),
                             sleep=pause, before_sleep=before_sleep, retry_error_callback=lambda s: None)
         retrying(attempt)
-    merged = merge_results(attempts)
-    if len(attempts) > 1:
-        # Rows an earlier attempt moved were counted there; the backlog is what the last attempt saw.
-        merged.backlog_before = attempts[0].backlog_before
-        merged.backlog_remaining = attempts[-1].backlog_remaining
-    # Where it ran (host:pid), for the per-shard table: names a process, never data.
-    return {**result_as_dict(merged), "shard": shard, "worker": _where()}
+    merged = merge_attempts(attempts)
+    if restarted:
+        merged.notes.append(f"shard {shard} ran again after the worker running it was lost: the rows that "
+                            "worker re-encrypted stay re-encrypted but are not in these counts")
+        log_event("shard_counts_lost", level=logging.WARNING, run_id=spec.run_id, target=target, shard=shard)
+    # Where it ran (host:pid), for the per-shard table: names a process, never data. The wall-clock
+    # start and end give a sharded target its elapsed time (shards overlap).
+    return {**result_as_dict(merged), "shard": shard, "worker": _where(), "started": True,
+            "started_at": started_at, "ended_at": time.time()}
+
+
+def _run_before_by_a_lost_worker() -> bool:
+    """True when this task runs in a Dask worker because the worker that ran it before died (Dask
+    runs such a task again): what the lost worker committed stays, but its counts died with it.
+
+    Asks the scheduler how often the task was on a worker that died (its ``suspicious`` count). A
+    thread of the flow's process is never run twice. If the scheduler cannot be asked (it refuses to
+    run code), the shard is taken as a first run and the log says why.
+    """
+    try:
+        from distributed import get_client, get_worker
+
+        key = get_worker().get_current_task()
+    except (ImportError, ValueError):
+        return False  # not in a Dask worker
+
+    def suspicious(key: Any, dask_scheduler: Any = None) -> int:  # defined here: sent by value, not by module
+        task = dask_scheduler.tasks.get(key) if dask_scheduler is not None else None
+        return int(task.suspicious) if task is not None else 0
+
+    try:
+        return bool(get_client().run_on_scheduler(suspicious, key))  # type: ignore[no-untyped-call]
+    except Exception as e:  # noqa: BLE001 - any refusal of the scheduler: we cannot tell, and say so
+        log_event("shard_rerun_unknown", level=logging.WARNING, error=type(e).__name__)
+        return False
 
 
 def _where() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@task(name="recount_backlog", persist_result=False, cache_policy=NO_CACHE)
+def recount_backlog(spec: RunSpec, names: list[str]) -> dict[str, int]:
+    """The backlog left of ``names``, counted in the database now: for targets whose shards could
+    not count their own (an outage, a lost worker, shards that never started on an estimate), where
+    a sum of the shards' last figures would mislead. A target that cannot be counted is left out
+    (and logged): its report keeps the shards' figures, with a note."""
+    out: dict[str, int] = {}
+    try:
+        with opened(spec, names) as ctx:
+            for name in names:
+                out[name] = sum(s.rows for s in rotation.plan_shards(ctx, name, 1))
+    except (DatabaseError, KeyUnavailable, RefusedToStart) as e:
+        log_event("backlog_not_recounted", level=logging.WARNING, run_id=spec.run_id, targets=names, error=str(e))
+    return out
 
 
 @task(name="verify", persist_result=False, cache_policy=NO_CACHE)

@@ -41,6 +41,14 @@ FORGE_BOOTSTRAP_FILE = "~/.forge/secrets/crypto.properties"
 # benchmarks/writer_latency.py shows the writer's p99 growing with the target (0.02 s: about
 # +9..12 ms beside a 100k-row table on 2 shared cores; 0.05 s: +17; 0.5 s: +28..70).
 DEFAULT_BATCH_TIME_TARGET = 0.02
+# Bounds checked at start, so that no setting reaches PostgreSQL or a wait as something they refuse.
+# PostgreSQL's lock_timeout, statement_timeout and idle_in_transaction_session_timeout are int32
+# milliseconds, and 0 means "no timeout": a set timeout is therefore at least 1 ms.
+PG_TIMEOUT_MIN = 0.001
+PG_TIMEOUT_MAX = 2_147_483.647
+MAX_SECONDS = 365 * 24 * 3600  # any other duration: a year is far past a sensible one
+MAX_BATCH_ROWS = 1_000_000  # rows in one batch transaction
+MAX_SESSIONS = 262_143  # PostgreSQL's limit on max_connections
 
 
 def pinrotate_home() -> Path:
@@ -68,7 +76,7 @@ class DatabaseSettings(_Strict):
     def _replica_urls(cls, urls: tuple[str, ...] | None) -> tuple[str, ...] | None:
         for i, url in enumerate(urls or ()):
             if not re.match(r"postgres(ql)?(\+psycopg)?://", url):
-                raise ValueError(f"entry {i} is not a postgresql:// URL")
+                raise ValueError(f"entry {i + 1} is not a postgresql:// URL")
         return urls
 
 
@@ -89,7 +97,7 @@ class VaultSettings(_Strict):
     key: str | None = None  # transit key name
     verify: bool = True
     ca_cert: str | None = Field(default=None, validation_alias=env("ca_cert", "VAULT_CACERT"))
-    timeout: float = Field(default=10.0, gt=0)
+    timeout: float = Field(default=10.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _auth_complete(self) -> VaultSettings:
@@ -141,24 +149,25 @@ class KeysSettings(_Strict):
 
 
 def _seconds(default: float | None, variable: str, name: str, *, ge: float | None = None,
-             le: float | None = None) -> Any:
-    """A duration in seconds (> 0 unless ``ge`` says otherwise), overridable by ``variable``."""
+             le: float = MAX_SECONDS) -> Any:
+    """A finite duration in seconds (> 0 unless ``ge`` says otherwise, at most ``le``), overridable
+    by ``variable``."""
     limits = {"ge": ge} if ge is not None else {"gt": 0}
-    return Field(default=default, validation_alias=env(name, variable), le=le, **limits)
+    return Field(default=default, validation_alias=env(name, variable), le=le, allow_inf_nan=False, **limits)
 
 
-# A batch's SET LOCAL timeouts: PostgreSQL takes whole milliseconds in an int32 and reads 0 as
-# "no timeout", so 1 ms .. 2^31-1 ms (never rounded down to 0).
-PG_TIMEOUT: dict[str, float] = {"ge": 0.001, "le": 2_147_483.647}
+def _pg_timeout(default: float, variable: str, name: str) -> Any:
+    """A PostgreSQL timeout in seconds: whole milliseconds from 1 ms to PostgreSQL's int32 limit."""
+    return _seconds(default, variable, name, ge=PG_TIMEOUT_MIN, le=PG_TIMEOUT_MAX)
 
 
 class JobSettings(_Strict):
-    batch_size: int = Field(default=200, gt=0, validation_alias=env("batch_size", "PINROTATE_BATCH_SIZE"))
+    batch_size: int = Field(default=200, gt=0, le=MAX_BATCH_ROWS, validation_alias=env("batch_size", "PINROTATE_BATCH_SIZE"))
     max_degree_of_parallelism: int = Field(default=1, ge=1, le=64, validation_alias=env(
         "max_degree_of_parallelism", "PINROTATE_MAX_DEGREE_OF_PARALLELISM"))
     inter_batch_delay: float = _seconds(0.2, "PINROTATE_INTER_BATCH_DELAY", "inter_batch_delay", ge=0)
     max_run_duration: float = _seconds(600, "PINROTATE_MAX_RUN_DURATION", "max_run_duration")
-    polling_interval: int = Field(default=300, gt=0, validation_alias=env("polling_interval", "PINROTATE_POLLING_INTERVAL"))
+    polling_interval: int = Field(default=300, gt=0, le=MAX_SECONDS, validation_alias=env("polling_interval", "PINROTATE_POLLING_INTERVAL"))
     single_instance: bool = Field(default=False, validation_alias=env("single_instance", "PINROTATE_SINGLE_INSTANCE"))
     task_runner: Literal["threads", "dask"] = Field(default="threads", validation_alias=env("task_runner",
                                                                                    "PINROTATE_TASK_RUNNER"))
@@ -168,22 +177,22 @@ class JobSettings(_Strict):
     # Adaptive batches: the batch size moves within [batch_size_min, batch_size_max] so that one
     # batch takes about this long. See adaptive_batch_target for when it applies.
     batch_time_target: float | None = _seconds(None, "PINROTATE_BATCH_TIME_TARGET", "batch_time_target")
-    batch_size_min: int = Field(default=50, gt=0, validation_alias=env("batch_size_min", "PINROTATE_BATCH_SIZE_MIN"))
-    batch_size_max: int = Field(default=5000, gt=0, validation_alias=env("batch_size_max", "PINROTATE_BATCH_SIZE_MAX"))
+    batch_size_min: int = Field(default=50, gt=0, le=MAX_BATCH_ROWS, validation_alias=env("batch_size_min", "PINROTATE_BATCH_SIZE_MIN"))
+    batch_size_max: int = Field(default=5000, gt=0, le=MAX_BATCH_ROWS, validation_alias=env("batch_size_max", "PINROTATE_BATCH_SIZE_MAX"))
     # Back-pressure: the drain waits between batches while a replica lags more than this or more
     # sessions than this are active; beyond the critical_* levels the run stops (exit 4).
     max_replica_lag: float | None = _seconds(None, "PINROTATE_MAX_REPLICA_LAG", "max_replica_lag")
-    max_active_sessions: int | None = Field(default=None, gt=0, validation_alias=env("max_active_sessions",
+    max_active_sessions: int | None = Field(default=None, gt=0, le=MAX_SESSIONS, validation_alias=env("max_active_sessions",
                                                                             "PINROTATE_MAX_ACTIVE_SESSIONS"))
     critical_replica_lag: float | None = _seconds(None, "PINROTATE_CRITICAL_REPLICA_LAG", "critical_replica_lag")
-    critical_active_sessions: int | None = Field(default=None, gt=0, validation_alias=env(
+    critical_active_sessions: int | None = Field(default=None, gt=0, le=MAX_SESSIONS, validation_alias=env(
         "critical_active_sessions", "PINROTATE_CRITICAL_ACTIVE_SESSIONS"))
     # Per batch transaction (SET LOCAL lock_timeout / statement_timeout).
-    lock_timeout: float = _seconds(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout", **PG_TIMEOUT)
-    statement_timeout: float = _seconds(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout", **PG_TIMEOUT)
+    lock_timeout: float = _pg_timeout(2.0, "PINROTATE_LOCK_TIMEOUT", "lock_timeout")
+    statement_timeout: float = _pg_timeout(30.0, "PINROTATE_STATEMENT_TIMEOUT", "statement_timeout")
     # SET LOCAL idle_in_transaction_session_timeout: the server ends a batch transaction that sits
     # this long between two statements (a stuck key provider, a frozen process) and frees its rows.
-    batch_idle_timeout: float = _seconds(60.0, "PINROTATE_BATCH_IDLE_TIMEOUT", "batch_idle_timeout", **PG_TIMEOUT)
+    batch_idle_timeout: float = _pg_timeout(60.0, "PINROTATE_BATCH_IDLE_TIMEOUT", "batch_idle_timeout")
     # The Prefect Variable an operator sets to slow down or pause running drains.
     throttle_variable: str = Field(default="pinrotate_throttle", pattern=r"^[a-z0-9_-]{1,255}$",
                                    validation_alias=env("throttle_variable", "PINROTATE_THROTTLE_VARIABLE"))
@@ -399,7 +408,7 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source}: {describe_validation_error(e, environment.origins)}") from None
+        raise ConfigError(f"{source}: {describe_validation_error(e, environment.origins, data)}") from None
 
 
 def _overlay(base: Mapping[str, Any], top: Mapping[str, Any], source: str, path: str = "") -> dict[str, Any]:
@@ -415,27 +424,60 @@ def _overlay(base: Mapping[str, Any], top: Mapping[str, Any], source: str, path:
     return merged
 
 
-def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None) -> str:
-    """First error as ``dotted.setting: message``; pydantic's input value is deliberately left out.
+def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None,
+                              data: Mapping[str, Any] | None = None) -> str:
+    """First error as ``dotted.setting: message`` in the file's own terms; pydantic's input value is
+    deliberately left out.
 
+    A ``[[targets]]`` table is named by its ``name`` (or its 1-based position when it has no usable
+    name), an array entry by its 1-based position, a type by its TOML name ("must be an array").
     A setting that came from an environment variable is named with it, so the operator looks there
     and not in the file.
     """
     errors = e.errors(include_url=False, include_input=False)
     err = errors[0]
-    loc = ""
-    for item in err["loc"]:
-        loc += f"[{item}]" if isinstance(item, int) else (f".{item}" if loc else str(item))
     var = (origins or {}).get(tuple(str(i) for i in err["loc"]))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc or 'configuration'}{f' (from {var})' if var else ''}: {_message(err)}{more}"
+    return f"{_toml_location(err['loc'], data) or 'configuration'}{f' (from {var})' if var else ''}: " \
+           f"{_message(err)}{more}"
+
+
+def _toml_location(loc: tuple[int | str, ...], data: Mapping[str, Any] | None) -> str:
+    if len(loc) >= 2 and loc[0] == "targets" and isinstance(loc[1], int):
+        tables = (data or {}).get("targets")
+        table = tables[loc[1]] if isinstance(tables, (list, tuple)) and loc[1] < len(tables) else None
+        name = table.get("name") if isinstance(table, Mapping) else None
+        where = (f'target "{name}"' if isinstance(name, str) and TARGET_NAME.fullmatch(name)
+                 else f"[[targets]] table {loc[1] + 1}")
+        rest = _toml_location(loc[2:], None)
+        return f"{where}: {rest}" if rest else where
+    text = ""
+    for item in loc:
+        text += f" entry {item + 1}" if isinstance(item, int) else (f".{item}" if text else str(item))
+    return text
+
+
+# pydantic's words for types, in TOML's: the operator edits a TOML file, not a Python object.
+_TOML_TYPES = {
+    "tuple_type": "must be an array", "list_type": "must be an array",
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number",
+    "string_type": "must be a string", "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+    "dict_type": "must be a table", "model_type": "must be a table", "model_attributes_type": "must be a table",
+    "finite_number": "must be a finite number (not inf or nan)",
+}
 
 
 def _message(err: Any) -> str:
-    if err["type"] == "extra_forbidden":
+    kind = err["type"]
+    if kind == "extra_forbidden":
         return "unknown setting"
-    if err["type"] == "missing":
+    if kind == "missing":
         return "required setting is missing"
-    if err["type"] == "string_pattern_mismatch":
+    if kind == "string_pattern_mismatch":
         return f"must match {err['ctx']['pattern'].strip('^$')}"
-    return str(err["msg"]).removeprefix("Value error, ")
+    if kind in _TOML_TYPES:
+        return _TOML_TYPES[kind]
+    if kind == "too_short":
+        return f"must hold at least {err['ctx']['min_length']} entry" + ("s" if err["ctx"]["min_length"] > 1 else "")
+    return str(err["msg"]).removeprefix("Value error, ").replace("Input should be", "must be")

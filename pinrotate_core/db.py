@@ -149,7 +149,7 @@ def database_identity(engine: sa.Engine) -> dict[str, Any]:
     identity["port"] = url.port
     with raw_connection(engine) as conn:
         try:
-            row = conn.execute("SELECT current_database(), inet_server_addr()::text, inet_server_port(),"
+            row = conn.execute("SELECT current_database(), host(inet_server_addr()), inet_server_port(),"
                                " current_setting('server_version')").fetchone()
         except psycopg.Error as e:
             raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None

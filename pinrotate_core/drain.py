@@ -115,6 +115,7 @@ class DrainResult:
     counts: dict[str, int] = field(default_factory=dict)  # scheme counts: active, unknown, unknown_key, ...
     conflicts_by_tenant: dict[str, int] = field(default_factory=dict)
     state_error: str | None = None  # the CONFLICT counts could not be saved for the gate
+    notes: list[str] = field(default_factory=list)  # what the counts do not say (counts lost with a worker, ...)
 
     @property
     def unknown(self) -> int:

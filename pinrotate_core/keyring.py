@@ -47,6 +47,35 @@ class Key:
         return hash(self.key_id)
 
 
+_HEX_RUN = re.compile(r"[0-9A-Fa-f]{32}")
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{22,}")  # 22: a 16-byte key's base64 without its padding
+
+
+def could_hold_key_material(text: str) -> bool:
+    """True when ``text`` holds a run that could be a key written out: 32 hex digits, or 22 or more
+    base64 characters mixing upper and lower case. A message never shows such text (issue 23: a
+    damaged key file line was echoed, key and all)."""
+    if _HEX_RUN.search(text):
+        return True
+    return any(run.lower() != run and run.upper() != run for run in _BASE64_RUN.findall(text))
+
+
+def shown_key_id(key_id: str) -> str:
+    """``key_id`` as a message may show it: itself when it is a valid key id that cannot be key
+    material, else its length only."""
+    if KEY_ID_PATTERN.fullmatch(key_id) and not could_hold_key_material(key_id):
+        return key_id
+    return f"<{len(key_id)} characters, not shown>"
+
+
+def shown_name(name: str) -> str:
+    """A setting or variable name read from a key source, as a message may show it: printable
+    ASCII that cannot be key material, else its length only."""
+    if name.isascii() and name.isprintable() and len(name) <= 100 and not could_hold_key_material(name):
+        return name
+    return f"<{len(name)} characters, not shown>"
+
+
 def validate_key_id(key_id: str, *, where: str) -> str:
     if not KEY_ID_PATTERN.fullmatch(key_id):
         raise ConfigError(f"{where}: key id must match [A-Za-z0-9_-]{{1,32}}")

@@ -107,6 +107,8 @@ def target_report(r: DrainResult) -> dict[str, Any]:
         out["stopped"] = r.stopped
     if r.error:
         out["error"] = r.error
+    if r.notes:
+        out["notes"] = list(r.notes)
     if r.failed:
         out["failed_rows"] = [f.as_dict() for f in r.failed[:100]]
     return out

@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
-from flows import presets
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.samples import pin_profile as presets
 
 REPO = Path(__file__).resolve().parents[1]
 

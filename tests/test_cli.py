@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_keys_add_then_promote_then_list(primary_database_url: str, tmp_path: Pa
     ("batch_size = 200", "batch_size = 0", "job.batch_size"),
     ("batch_size = 200", "batch_sise = 200", "job.batch_sise"),
     ('provider = "file"', 'provider = "nope"', "keys.provider"),
-    ('key_version = "key_version"', 'key_version = ""', "targets[0]"),
+    ('key_version = "key_version"', 'key_version = ""', 'target "Person"'),
 ])
 def test_bad_configuration_exits_2_naming_the_setting_and_touches_nothing(
         primary_database_url: str, tmp_path: Path, old: str, new: str, setting: str) -> None:
@@ -196,3 +197,19 @@ def test_a_shard_task_on_a_host_without_the_keys_file_refuses_and_only_the_runs_
     with opened(spec, announce=True) as ctx:
         assert ctx.keyring is not None
     assert missing.exists()
+
+
+def test_core_log_lines_outside_a_flow_run_reach_stderr_without_a_prefect_warning() -> None:
+    # Prefect's API log handler sits on the `pinrotate` logger (PREFECT_LOGGING_EXTRA_LOGGERS); a line
+    # logged outside a flow run used to raise one UserWarning per line (53 in a test session).
+    script = ("import warnings; warnings.simplefilter('error')\n"
+              "import flows\n"
+              "from prefect.logging.configuration import setup_logging; setup_logging()\n"
+              "from pinrotate_core.log import configure_stderr_logging, log_event\n"
+              "configure_stderr_logging(); log_event('outside_a_run', target='T')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "event=outside_a_run target=T" in proc.stderr
+    assert "Warning" not in proc.stderr and "without a flow run id" not in proc.stderr

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.presets import PIN_PROFILE_TOML
 from pinrotate_core.config import DEFAULT_BATCH_TIME_TARGET, Settings, load_settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
+from pinrotate_core.samples.pin_profile import PIN_PROFILE_TOML
 
 SECRET = "S3cretPw-7f3a9c"  # stands for a password that shares the file with the bad setting
 DB_URL = f"postgresql://app:{SECRET}@db.internal/profile"
@@ -194,7 +194,7 @@ def test_settings_are_immutable_once_validated(tmp_path: Path) -> None:
 # -- every validation error: one line, the setting named, no value echoed ------------------------
 
 BAD = {
-    "batch_size_zero": (config_text("batch_size = 0"), "job.batch_size: Input should be greater than 0"),
+    "batch_size_zero": (config_text("batch_size = 0"), "job.batch_size: must be greater than 0"),
     "batch_size_negative": (config_text("batch_size = -5"), "job.batch_size"),
     "batch_size_not_a_number": (config_text(f'batch_size = "{SECRET}"'), "job.batch_size"),
     "parallelism_zero": (config_text("max_degree_of_parallelism = 0"), "job.max_degree_of_parallelism"),
@@ -219,23 +219,23 @@ BAD = {
     "bad_metrics_prefix": (config_text(extra='[metrics]\nprefix = "9-bad"\n'), "metrics.prefix"),
     "no_targets": (config_text(target=""), "targets: required setting is missing"),
     "aesgcm_without_key_version": (config_text(target=TARGET.replace('key_version = "key_version"\n', "")),
-                                   "targets[0]: an aesgcm target needs key_version"),
+                                   'target "Person": an aesgcm target needs key_version'),
     "target_without_columns": (config_text(target=TARGET.replace(
-        'columns = ["first_name_cipher", "last_name_cipher"]', "columns = []")), "targets[0].columns"),
+        'columns = ["first_name_cipher", "last_name_cipher"]', "columns = []")), 'target "Person": columns'),
     "target_without_table": (config_text(target=TARGET.replace('table = "profile.persons"\n', "")),
-                             "targets[0].table: required setting is missing"),
-    "unknown_format": (config_text(target=TARGET + f'format = "{SECRET}"\n'), "targets[0].format"),
+                             'target "Person": table: required setting is missing'),
+    "unknown_format": (config_text(target=TARGET + f'format = "{SECRET}"\n'), 'target "Person": format'),
     "unknown_target_setting": (config_text(target=TARGET + f'secret = "{SECRET}"\n'),
-                               "targets[0].secret: unknown setting"),
-    "bad_table_name": (config_text(target=TARGET.replace('"profile.persons"', '"a.b.c"')), "targets[0].table"),
+                               'target "Person": secret: unknown setting'),
+    "bad_table_name": (config_text(target=TARGET.replace('"profile.persons"', '"a.b.c"')), 'target "Person": table'),
     "bad_target_name": (config_text(target=TARGET.replace('name = "Person"', 'name = "Per son!"')),
-                        "targets[0].name"),
+                        "[[targets]] table 1: name"),
     "duplicate_column": (config_text(target=TARGET.replace('"last_name_cipher"]', '"first_name_cipher"]')),
-                         "targets[0]: columns are listed twice"),
+                         'target "Person": columns are listed twice'),
     "json_paths_on_aesgcm": (config_text(target=TARGET + 'json_paths = {first_name_cipher = ["$.x"]}\n'),
-                             "targets[0]: json_paths is supported for fpc1 targets only"),
+                             'target "Person": json_paths is supported for fpc1 targets only'),
     "second_target_bad": (config_text(target=TARGET + TARGET.replace('"Person"', '"Other"') + "batch = 1\n"),
-                          "targets[1].batch: unknown setting"),
+                          'target "Other": batch: unknown setting'),
     "duplicate_target_names": (config_text(target=TARGET + TARGET), "target names must be unique"),
 }
 
@@ -429,9 +429,9 @@ NEWER_BAD = {
     "throttle_variable_not_a_prefect_name": (config_text('throttle_variable = "Throttle Me"'),
                                              "job.throttle_variable"),
     "bad_legacy_plaintext": (config_text(extra=f'[keys]\nlegacy_plaintext = "{SECRET}"\n'), "keys.legacy_plaintext"),
-    "bad_triggers": (config_text(target=TARGET + f'triggers = "{SECRET}"\n'), "targets[0].triggers"),
+    "bad_triggers": (config_text(target=TARGET + f'triggers = "{SECRET}"\n'), 'target "Person": triggers'),
     "replica_not_a_postgresql_url": (config_text(database=f'url = "{DB_URL}"\nreplicas = ["mysql://{SECRET}@h/d"]'),
-                                     "database.replicas: entry 0 is not a postgresql:// URL"),
+                                     "database.replicas: entry 1 is not a postgresql:// URL"),
     "replicas_not_a_list": (config_text(database=f'url = "{DB_URL}"\nreplicas = "{DB_URL}"'), "database.replicas"),
 }
 
@@ -463,3 +463,62 @@ def test_the_forge_provider_reads_forges_own_bootstrap_file_by_default(
     assert load_settings(path, env={}).keys.file_path == tmp_path / "mounted" / "crypto.properties"
     explicit = write(tmp_path / "q.toml", config_text(extra='[keys]\nprovider = "forge"\nfile = "~/f.properties"\n'))
     assert load_settings(explicit, env={}).keys.file_path == tmp_path / "f.properties"
+
+
+# -- numbers PostgreSQL or a wait would refuse, and errors in the file's own terms (issue 23) ----
+
+OUT_OF_RANGE = {
+    "inter_batch_delay_inf": ("inter_batch_delay = inf", "job.inter_batch_delay: must be a finite number"),
+    "max_run_duration_nan": ("max_run_duration = nan", "job.max_run_duration: must be a finite number"),
+    "batch_time_target_inf": ("batch_time_target = inf", "job.batch_time_target: must be a finite number"),
+    "max_replica_lag_inf": ("max_replica_lag = inf", "job.max_replica_lag: must be a finite number"),
+    "batch_size_beyond_64_bits": ("batch_size = 100000000000000000000000", "job.batch_size: must be less than"),
+    "batch_size_max_huge": ("batch_size_max = 9223372036854775807", "job.batch_size_max: must be less than"),
+    "sessions_beyond_postgresql": ("max_active_sessions = 262144", "job.max_active_sessions: must be less than"),
+    "lock_timeout_below_a_millisecond": ("lock_timeout = 0.0004", "job.lock_timeout: must be greater than or equal"),
+    "lock_timeout_beyond_int32_ms": ("lock_timeout = 1e12", "job.lock_timeout: must be less than or equal"),
+    "statement_timeout_beyond_int32_ms": ("statement_timeout = 2147484", "job.statement_timeout: must be less"),
+    "idle_timeout_inf": ("batch_idle_timeout = inf", "job.batch_idle_timeout: must be a finite number"),
+    "polling_interval_huge": ("polling_interval = 100000000000", "job.polling_interval: must be less than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_non_finite_and_out_of_range_numbers_are_refused_at_start_naming_the_setting(tmp_path: Path,
+                                                                                     case: str) -> None:
+    job, named = OUT_OF_RANGE[case]
+    path = write(tmp_path / "p.toml", config_text(job))
+    message = refused(path)
+    assert message.startswith(f"{path}: {named}"), message
+    assert "\n" not in message
+
+
+def test_an_infinite_duration_from_the_environment_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    message = refused(write(tmp_path / "p.toml", config_text()), {"PINROTATE_INTER_BATCH_DELAY": "inf"})
+    assert "job.inter_batch_delay (from PINROTATE_INTER_BATCH_DELAY): must be a finite number" in message
+
+
+def test_the_postgresql_timeouts_accept_their_whole_range_in_milliseconds(tmp_path: Path) -> None:
+    job = load_settings(write(tmp_path / "p.toml", config_text(
+        "lock_timeout = 0.001\nstatement_timeout = 2147483.647\nbatch_idle_timeout = 1")), env={}).job
+    assert (int(job.lock_timeout * 1000), int(job.statement_timeout * 1000)) == (1, 2**31 - 1)
+
+
+def test_errors_speak_toml_naming_a_target_by_its_name_and_entries_from_one() -> None:
+    target = {"name": "Person", "table": "t", "key_version": "kv", "columns": ["c"]}
+    cases = [
+        ({"targets": [target, {**target, "name": "Other", "columns": "c"}]},
+         'target "Other": columns: must be an array'),
+        ({"targets": [{**target, "columns": ["c", 7]}]}, 'target "Person": columns entry 2: must be a string'),
+        ({"targets": [target, {**target, "name": "no good!", "tenant": 1}]}, "[[targets]] table 2: name: must match"),
+        ({"targets": [target], "job": "fast"}, "job: must be a table"),
+        ({"targets": [target], "job": {"single_instance": 1}}, "job.single_instance: must be true or false"),
+        ({"targets": [target], "job": {"batch_size": 2.5}}, "job.batch_size: must be an integer"),
+        ({"targets": [target], "database": {"replicas": [7]}}, "database.replicas entry 1: must be a string"),
+    ]
+    for mapping, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            settings_from_mapping(mapping, env={}, source="p.toml")
+        message = str(err.value)
+        assert message.startswith(f"p.toml: {expected}"), message
+        assert "Input should" not in message and "tuple" not in message and "[0]" not in message

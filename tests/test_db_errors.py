@@ -21,7 +21,7 @@ import pytest
 
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
-from pinrotate_core.db import make_engine, raw_connection
+from pinrotate_core.db import database_identity, make_engine, raw_connection
 from pinrotate_core.errors import DatabaseUnavailable
 from tests.pinprofile import cli, seed_profile, write_config
 
@@ -160,3 +160,18 @@ def test_a_server_stopped_mid_run_stops_fail_closed_without_a_traceback(
     # The server stays down: every command answers with one line and exit 4.
     for args in COMMANDS:
         _assert_one_line_exit_4(args, profile.config_path, '"profile_doomed"')
+
+
+def test_the_database_identity_names_the_server_address_without_a_netmask(database_url: str) -> None:
+    # The gate record's server_address: inet_server_addr()::text gave "127.0.0.1/32".
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        identity = database_identity(engine)
+    finally:
+        engine.dispose()
+    if identity["server_address"] is None:
+        pytest.skip("connected over a unix socket: no server address (the TCP server runs this test)")
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT inet_server_addr()::text").fetchone()
+    assert row is not None and "/" in row[0]  # what the server's own text form carries
+    assert identity["server_address"] == row[0].split("/")[0]

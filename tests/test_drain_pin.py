@@ -23,8 +23,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from flows import presets
-from flows.presets import (
+from pinrotate_core import rotation
+from pinrotate_core.config import Settings, load_settings, settings_from_mapping
+from pinrotate_core.drain import BatchEvent
+from pinrotate_core.errors import ConfigError, RefusedToStart
+from pinrotate_core.gate import evaluate_gate, retire_gate
+from pinrotate_core.keyring import Keyring
+from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.samples import pin_profile as presets
+from pinrotate_core.samples.pin_profile import (
     CIPHER_COLUMNS,
     PERSON_DOCUMENTS,
     PERSONS,
@@ -33,13 +40,6 @@ from flows.presets import (
     VERIFICATION_REQUESTS,
     SeedSummary,
 )
-from pinrotate_core import rotation
-from pinrotate_core.config import Settings, load_settings, settings_from_mapping
-from pinrotate_core.drain import BatchEvent
-from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.gate import evaluate_gate, retire_gate
-from pinrotate_core.keyring import Keyring
-from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 from .helpers import assert_secret_free, b64
@@ -764,7 +764,8 @@ _DELETE = object()
 BAD_SETTINGS = {
     "batch_size_0": (_set("job.batch_size", 0), "job.batch_size"),
     "unknown_setting": (_set("job.batchsize", 50), "job.batchsize: unknown setting"),
-    "aesgcm_without_key_version": (_set("targets.1.key_version", _DELETE), "targets[1]: an aesgcm target needs"),
+    "aesgcm_without_key_version": (_set("targets.1.key_version", _DELETE),
+                                   'target "PersonDocument": an aesgcm target needs'),
 }
 
 

@@ -119,8 +119,8 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
 def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_and_progress_ends_at_100(
         prefect_api: str, primary_database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pinrotate_core.drain as drain_module
-    from flows import presets
     from flows.rotate import pinrotate_rotate
+    from pinrotate_core.samples import pin_profile as presets
 
     # "Big" scaled down: over 2 x SAMPLE_ROWS rows the plan samples pages and estimates each shard's
     # backlog instead of counting it (no counting scan of a huge table while every worker waits).

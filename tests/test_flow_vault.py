@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from flows import presets
 from pinrotate_core.keyring import Key, Keyring
+from pinrotate_core.samples import pin_profile as presets
 from tests.pinprofile import write_config
 from tests.vault_server import BaoAdmin
 

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from flows import presets
 from pinrotate_core.config import load_settings
 from pinrotate_core.errors import ConfigError, KeyUnavailable
 from pinrotate_core.keyring import Keyring
+from pinrotate_core.samples import pin_profile as presets
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 from .helpers import make_keyring

@@ -9,20 +9,23 @@ import stat
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..keyring import VALID_KEY_LENGTHS, Key, is_version, validate_key_id
+from ..keyring import VALID_KEY_LENGTHS, Key, is_version, shown_key_id, validate_key_id
 
 
 def decode_key(key_id: str, encoded: object, *, where: str) -> Key:
-    """A base64 key; errors name ``where`` and the key id, never the value."""
+    """A base64 key; errors name ``where`` and the key id (unless it could itself be key material),
+    never the value. ``where`` must not quote the key source's text either."""
     validate_key_id(key_id, where=where)
+    shown = shown_key_id(key_id)
     if not isinstance(encoded, str):
-        raise ConfigError(f"{where}: key {key_id} must be a base64 string")
+        raise ConfigError(f"{where}: key {shown} must be a base64 string")
     try:
         material = base64.b64decode(encoded.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raise ConfigError(f"{where}: key {key_id} is not valid base64") from None
+        raise ConfigError(f"{where}: key {shown} is not valid base64 (expected the standard base64 of the key,"
+                          " with its = padding, and nothing else)") from None
     if len(material) not in VALID_KEY_LENGTHS:
-        raise ConfigError(f"{where}: key {key_id} must decode to 16, 24 or 32 bytes, got {len(material)}")
+        raise ConfigError(f"{where}: key {shown} must decode to 16, 24 or 32 bytes, got {len(material)}")
     return Key(key_id, material)
 
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from ..keyring import Key, Keyring, check_key_ids
+from ..keyring import Key, Keyring, check_key_ids, shown_key_id
 from ._material import decode_key, normalise_current
 
 PREFIX = "PINROTATE_KEY_"
@@ -33,8 +33,9 @@ class EnvKeyProvider:
             if key_id == "LEGACY":
                 legacy = decode_key("legacy", value, where=name)
                 continue
-            keys[key_id] = decode_key(key_id, value, where=name)
+            keys[key_id] = decode_key(key_id, value, where=PREFIX + shown_key_id(key_id))
         check_key_ids(current, keys, where="keys.provider = env", name=lambda k: PREFIX + k)
         if current not in keys:
-            raise ConfigError(f"PINROTATE_KEY_CURRENT names key {current}, but PINROTATE_KEY_{current} is not set")
+            shown = shown_key_id(current)
+            raise ConfigError(f"PINROTATE_KEY_CURRENT names key {shown}, but PINROTATE_KEY_{shown} is not set")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import secrets
 import stat
 import tomllib
@@ -26,7 +27,17 @@ import tomli_w
 
 from .._files import exclusive_lock, write_atomically
 from ..errors import ConfigError
-from ..keyring import Key, Keyring, check_key_ids, is_version, next_version, sort_key, validate_key_id
+from ..keyring import (
+    Key,
+    Keyring,
+    check_key_ids,
+    is_version,
+    next_version,
+    shown_key_id,
+    shown_name,
+    sort_key,
+    validate_key_id,
+)
 from ._material import decode_key, normalise_current
 
 _ALLOWED_TOP = {"current", "keys", "legacy"}
@@ -68,25 +79,29 @@ class FileKeyProvider:
     def _read(self) -> Keyring:
         where = str(self.path)
         try:
-            raw = tomllib.loads(self.path.read_text(encoding="utf-8"))
+            text = self.path.read_text(encoding="utf-8")
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{where}: keyring file is not valid TOML ({e}); it was left as it is") from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{where}: cannot read keyring file ({type(e).__name__})") from None
         unknown = sorted(set(raw) - _ALLOWED_TOP)
         if unknown:
-            raise ConfigError(f"{where}: unknown setting {unknown[0]} in keyring file; it was left as it is")
+            name = unknown[0] if re.fullmatch(r"[a-z_]{1,32}", unknown[0]) else shown_name(unknown[0])
+            raise ConfigError(f"{where}: {_line_of(text, unknown[0])}unknown setting {name} in keyring file (expected"
+                              " current, [keys] and legacy); it was left as it is")
         if "current" not in raw:
             raise ConfigError(f"{where}: keyring file has no current; it was left as it is")
         table = raw.get("keys")
         if not isinstance(table, dict) or not table:
             raise ConfigError(f"{where}: keyring file has no [keys] table; it was left as it is")
         current = normalise_current(raw["current"], where=where)
-        keys = {str(k): decode_key(str(k), v, where=where) for k, v in table.items()}
+        keys = {str(k): decode_key(str(k), v, where=f"{where}: {_line_of(text, str(k))}[keys]")
+                for k, v in table.items()}
         legacy = decode_key("legacy", raw["legacy"], where=where) if "legacy" in raw else None
         check_key_ids(current, keys, where=where, name=lambda k: f"[keys] {k}")
         if current not in keys:
-            raise ConfigError(f"{where}: current names key {current}, which is not in [keys]")
+            raise ConfigError(f"{where}: current names key {shown_key_id(current)}, which is not in [keys]")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)
 
     # -- changing ------------------------------------------------------------------------------
@@ -189,3 +204,13 @@ def _b64(key: Key) -> str:
 
 def _named_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def _line_of(text: str, name: str) -> str:
+    """``line N: `` of the first line that starts with the TOML key ``name`` (bare or quoted), or
+    nothing: a message names where a setting is, never the text of a keyring file's line."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.lstrip().lstrip("\"'")
+        if stripped.startswith(name) and stripped[len(name):].lstrip("\"'").lstrip().startswith("="):
+            return f"line {number}: "
+    return ""

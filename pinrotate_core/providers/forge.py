@@ -16,7 +16,7 @@ from pathlib import Path
 import javaproperties
 
 from ..errors import ConfigError
-from ..keyring import Key, KeyPolicy, Keyring, validate_key_id
+from ..keyring import Key, KeyPolicy, Keyring, shown_key_id, shown_name, validate_key_id
 from ._material import decode_key, read_private_file
 
 DEFAULT_FILE = "~/.forge/secrets/crypto.properties"
@@ -108,28 +108,43 @@ class ForgeKeyProvider:
         return None
 
     def _file_settings(self) -> dict[str, _Setting]:
+        """The persistence settings of the bootstrap file, each with its line number. A line that
+        is not one is refused by its number and the form expected, never quoted: a damaged line
+        (a separator lost, a key's base64 alone on a line) may be nothing but a key."""
         if not self.path.exists():
             raise ConfigError(f"{self.path}: Forge bootstrap file not found; Forge's bootstrapper creates it on"
                               f" Forge's first start (pinrotate never writes it): set [keys] file or {FILE_ENV}")
         raw = read_private_file(self.path, what="Forge bootstrap file")
+        out: dict[str, _Setting] = {}
+        line = 1
         try:
             # Java's Properties.load(InputStream) reads ISO-8859-1; javaproperties does the same with bytes.
-            props: dict[str, str] = javaproperties.loads(raw)
+            for element in javaproperties.parse(raw):
+                at, line = line, line + element.source.count("\n")
+                if isinstance(element, javaproperties.KeyValue):
+                    self._file_setting(out, element.key, element.value, at)
         except ValueError:  # InvalidUEscapeError: its text may quote the file; leave it out
-            raise ConfigError(f"{self.path}: not a valid Java properties file (bad \\u escape);"
+            raise ConfigError(f"{self.path}: line {line}: not a valid Java properties line (bad \\u escape);"
                               " it was left as it is") from None
-        out: dict[str, _Setting] = {}
-        for name, value in props.items():
-            origin = f"{self.path}: {name}"
-            if name == "forge.crypto.secret-key" or name.startswith("forge.crypto.bootstrap."):
-                continue  # the transport key and the bootstrapper's own switches: not data at rest
-            rest = name[len(PERSISTENCE):] if name.startswith(PERSISTENCE) else None
-            if rest in SETTINGS or rest is not None and rest.startswith(KEYS_PREFIX):
-                out[rest] = _Setting(value, origin)
-            else:
-                raise ConfigError(f"{self.path}: unknown setting {name} in Forge bootstrap file (Forge refuses"
-                                  " to start on it too); it was left as it is")
         return out
+
+    def _file_setting(self, out: dict[str, _Setting], name: str, value: str, line: int) -> None:
+        if name == "forge.crypto.secret-key" or name.startswith("forge.crypto.bootstrap."):
+            return  # the transport key and the bootstrapper's own switches: not data at rest
+        where = f"{self.path}: line {line}"
+        rest = name[len(PERSISTENCE):] if name.startswith(PERSISTENCE) else None
+        if rest in SETTINGS:
+            out[rest] = _Setting(value, f"{where}: {name}")
+        elif rest is not None and rest.startswith(KEYS_PREFIX):
+            key_id = rest[len(KEYS_PREFIX):]
+            validate_key_id(key_id, where=f"{where} (expected {PERSISTENCE}keys.<id>=<base64 of 16 bytes>; the"
+                                          " line is not shown, it may hold a key)")
+            out[rest] = _Setting(value, f"{where}: {PERSISTENCE}keys.{shown_key_id(key_id)}")
+        else:
+            shown = name if shown_name(name) == name else "(the line is not shown: it may hold a key)"
+            raise ConfigError(f"{where}: unknown setting {shown} in Forge bootstrap file (expected"
+                              f" {PERSISTENCE}<setting>=<value> or {PERSISTENCE}keys.<id>=<base64>; Forge refuses"
+                              " to start on it too); it was left as it is")
 
     def _overlay_environment(self, settings: dict[str, _Setting], env: Mapping[str, str]) -> list[str]:
         """Environment over file, as in Forge; returns the names of the variables that were used."""
@@ -142,18 +157,19 @@ class ForgeKeyProvider:
             if var.startswith(ENV_PREFIX + ENV_KEYS_PREFIX) and len(var) > len(ENV_PREFIX + ENV_KEYS_PREFIX):
                 key_id = env_key_id(var)
                 if "." in key_id:
-                    raise ConfigError(f"{var}: Spring's relaxed binding reads this as key id {key_id!r} (lower-cased,"
-                                      " _ as .), which Forge refuses: key ids must match [A-Za-z0-9_-]{1,32}")
+                    raise ConfigError(f"{shown_name(var)}: Spring's relaxed binding reads this as key id"
+                                      f" {shown_name(key_id)!r} (lower-cased, _ as .), which Forge refuses: key ids"
+                                      " must match [A-Za-z0-9_-]{1,32}")
                 key = KEYS_PREFIX + key_id
             elif var in by_variable:
                 key = by_variable[var]
             else:
-                raise ConfigError(f"{var}: unknown Forge persistence setting (known: "
+                raise ConfigError(f"{shown_name(var)}: unknown Forge persistence setting (known: "
                                   f"{', '.join(env_names(s)[0] for s in SETTINGS)}, {ENV_PREFIX}KEYS_<ID>)")
             previous = settings.get(key)
             if previous is not None and previous.origin.startswith(ENV_PREFIX) and previous.value != value:
-                raise ConfigError(f"{var} and {previous.origin} both set {PERSISTENCE}{key}, differently")
-            settings[key] = _Setting(value, var)
+                raise ConfigError(f"{shown_name(var)} and {previous.origin} both set {PERSISTENCE}{key}, differently")
+            settings[key] = _Setting(value, shown_name(var))
             used.append(var)
         return used
 
@@ -173,8 +189,8 @@ class ForgeKeyProvider:
             validate_key_id(key_id, where=setting.origin)
             key = _persistent_key(key_id, setting)
             if key_id in keys and keys[key_id] != key:
-                raise ConfigError(f"{setting.origin}: historical key {key_id} differs from the active key of the"
-                                  f" same id ({active_id.origin})")
+                raise ConfigError(f"{setting.origin}: historical key {shown_key_id(key_id)} differs from the active"
+                                  f" key of the same id ({active_id.origin})")
             keys[key_id] = key
         legacy = None
         if "legacy-key" in settings and settings["legacy-key"].value.strip():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..keyring import Key, Keyring, check_key_ids
+from ..keyring import Key, Keyring, check_key_ids, shown_key_id
 from ._material import decode_key, normalise_current
 
 
@@ -34,10 +34,11 @@ class K8sDirKeyProvider:
             if entry.name == "legacy":
                 legacy = decode_key("legacy", _read(entry), where=str(entry))
             else:
-                keys[entry.name] = decode_key(entry.name, _read(entry), where=str(entry))
+                keys[entry.name] = decode_key(entry.name, _read(entry), where=str(d / shown_key_id(entry.name)))
         check_key_ids(current, keys, where="keys.dir", name=lambda k: f"file {d / k}")
         if current not in keys:
-            raise ConfigError(f"keys.dir: current names key {current}, but {d / current} is missing")
+            raise ConfigError(f"keys.dir: current names key {shown_key_id(current)}, but"
+                              f" {d / shown_key_id(current)} is missing")
         return Keyring(current=current, keys=keys, legacy=legacy, source=self.description)
 
 

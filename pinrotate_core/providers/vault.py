@@ -33,7 +33,7 @@ from ..errors import (
     PinrotateError,
     TransitValuesInvalid,
 )
-from ..keyring import Key, Keyring, check_key_ids, next_version, validate_key_id
+from ..keyring import Key, Keyring, check_key_ids, next_version, shown_key_id, shown_name, validate_key_id
 from ..log import log_event
 from ..schemes.transit import transit_version
 from ._material import decode_key, normalise_current
@@ -338,19 +338,22 @@ class VaultKvKeyProvider:
         current = normalise_current(raw_current, where=f"{where}: field current")
         keys: dict[str, Key] = {}
         legacy: Key | None = None
-        for field_name, value in data.items():
+        for position, (field_name, value) in enumerate(data.items(), start=1):
             if field_name == "current":
                 continue
             if field_name == "legacy":
                 legacy = decode_key("legacy", value, where=f"{where}: field legacy")
                 continue
-            validate_key_id(field_name, where=f"{where}: field {field_name[:40]!r}")
-            keys[field_name] = decode_key(field_name, value, where=f"{where}: field {field_name}")
+            # A field name is shown only when it is a key id that cannot be key material itself.
+            validate_key_id(field_name, where=f"{where}: field {shown_name(field_name)!r} (field {position} of the"
+                                               " secret; expected current, legacy and <key id> = <base64 key>)")
+            keys[field_name] = decode_key(field_name, value, where=f"{where}: field {shown_key_id(field_name)}")
         check_key_ids(current, keys, where=where, name=lambda k: f"field {k}")
         if current not in keys:
             # A key version the keyring names but does not hold: fail closed (exit 4), never guess.
             raise KeyUnavailable(
-                f"{where}: field current names key {current}, but field {current} is missing", retryable=False
+                f"{where}: field current names key {shown_key_id(current)}, but field {shown_key_id(current)} is"
+                " missing", retryable=False
             )
         return Keyring(current=current, keys=keys, legacy=legacy, source=where)
 

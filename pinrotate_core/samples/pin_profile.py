@@ -1,4 +1,4 @@
-"""The Pin profile preset: its schema, its configuration, and fast synthetic sample data.
+"""The Pin profile sample: its schema, its configuration, and fast synthetic sample data.
 
 Sample plaintexts are synthetic and deterministic (``First-000123``, ``user000123@example.test``),
 derived from a seed and the row number only, so tests can recompute what every value must decrypt
@@ -24,11 +24,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pinrotate_core.errors import ConfigError
-from pinrotate_core.keyring import Keyring, is_version
-from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
+from ..errors import ConfigError
+from ..keyring import Keyring, is_version
+from ..schemes.aesgcm import AesGcmCipherSet
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PIN_PROFILE_SQL: Path = REPO_ROOT / "examples" / "pin-profile.sql"
 PIN_PROFILE_TOML: Path = REPO_ROOT / "examples" / "pin-profile.toml"
 
