@@ -33,6 +33,7 @@ from pinrotate_core.drain import DrainOptions, drain_target
 from pinrotate_core.providers.vault import DEFAULT_TRANSIT_ITEMS_PER_REQUEST, VaultTransitKeyProvider
 from pinrotate_core.schemes import build_scheme
 from pinrotate_core.targets import resolve_target
+from tests.transit_helpers import transit_encrypt
 from tests.vault_server import BaoAdmin, BaoDevServer
 
 COLUMNS = ("first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher")
@@ -49,7 +50,7 @@ def _seed(conn: psycopg.Connection[Any], provider: VaultTransitKeyProvider, rows
     copy_sql = sql.SQL("COPY persons_seed (id, key_version, {}) FROM STDIN").format(sql.SQL(", ").join(cols))
     for start in range(1, rows + 1, per_chunk):
         ids = range(start, min(rows + 1, start + per_chunk))
-        values = iter(provider.encrypt([f"{c[:4]}-{i}-{secrets.token_hex(4)}".encode() for i in ids for c in COLUMNS]))
+        values = iter(transit_encrypt(provider, [f"{c[:4]}-{i}-{secrets.token_hex(4)}".encode() for i in ids for c in COLUMNS]))
         with conn.cursor().copy(copy_sql) as copy:
             for i in ids:
                 copy.write_row((i, 1, *(next(values) for _ in COLUMNS)))

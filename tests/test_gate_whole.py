@@ -35,6 +35,7 @@ from .helpers import assert_secret_free
 from .test_fpc1_migration import K1, K2, fpc1, write_keys
 from .test_scope_matrix import write_keys_file
 from .test_transit_drain import new_transit, transit
+from .transit_helpers import transit_encrypt
 from .vault_server import BaoAdmin
 
 ALPHA, BETA = "Alpha", "Beta"
@@ -293,11 +294,11 @@ def test_transit_values_on_any_version_up_to_the_key_block_it(
         database_url: str, pg_conn: psycopg.Connection[Any], openbao: Any) -> None:
     mount, key = new_transit(openbao)
     provider = transit(openbao, mount, key)
-    v1 = provider.encrypt([b"one", b"one excluded"])
+    v1 = transit_encrypt(provider, [b"one", b"one excluded"])
     provider.rotate()
-    v2 = provider.encrypt([b"two"])
+    v2 = transit_encrypt(provider, [b"two"])
     provider.rotate()
-    v3 = provider.encrypt([b"three", b"three again"])
+    v3 = transit_encrypt(provider, [b"three", b"three again"])
     pg_conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text, tag text)")
     pg_conn.cursor().executemany("INSERT INTO notes VALUES (%s, %s, %s)", [
         (1, v1[0], None), (2, v2[0], None), (3, v3[0], None),

@@ -33,6 +33,7 @@ from pinrotate_core.providers.vault import VaultTransitKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet
 
+from .transit_helpers import transit_decrypt, transit_encrypt
 from .vault_server import BaoAdmin
 
 TARGET = "M"
@@ -228,12 +229,12 @@ class TransitWorld(World):
                                                               transit_mount=self.mount, key=self.key))
 
     def encrypt(self, old: list[bytes], current: list[bytes]) -> tuple[list[Any], list[Any]]:
-        before = self.provider.encrypt(old)
+        before = transit_encrypt(self.provider, old)
         self.provider.rotate()
-        return before, self.provider.encrypt(current)
+        return before, transit_encrypt(self.provider, current)
 
     def decrypt(self, row: dict[str, Any], column: str) -> bytes:
-        return self.provider.decrypt([row[column]])[0]
+        return transit_decrypt(self.provider, [row[column]])[0]
 
     def key_of(self, row: dict[str, Any], column: str) -> str:
         return str(row[column]).split(":")[1].removeprefix("v")

@@ -26,11 +26,13 @@ from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import evaluate_gate
 from pinrotate_core.keyring import Keyring
 from pinrotate_core.log import LOGGER_NAME
+from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import VaultTransitKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.transit import transit_version, transit_version_or_none
 
 from .helpers import make_keyring
+from .transit_helpers import transit_decrypt, transit_encrypt
 from .vault_server import BaoAdmin
 
 pytestmark = pytest.mark.vault
@@ -103,9 +105,9 @@ def seed_people(conn: psycopg.Connection[Any], provider: VaultTransitKeyProvider
     ids = list(plain)
     for phase in range(phases):
         chunk = ids[phase::phases]
-        names = provider.encrypt([plain[i][0] for i in chunk])
+        names = transit_encrypt(provider, [plain[i][0] for i in chunk])
         docs_in = [i for i in chunk if plain[i][1] is not None]
-        docs = dict(zip(docs_in, provider.encrypt([plain[i][1] or b"" for i in docs_in])))
+        docs = dict(zip(docs_in, transit_encrypt(provider, [plain[i][1] or b"" for i in docs_in])))
         version = transit_version(names[0])
         with conn.cursor() as cur:
             cur.executemany(
@@ -130,10 +132,10 @@ def assert_no_row_half_written(rows: list[tuple[Any, ...]]) -> None:
 
 def assert_people_decrypt(provider: VaultTransitKeyProvider, rows: list[tuple[Any, ...]],
                           plain: dict[int, tuple[bytes, bytes | None]]) -> None:
-    names = provider.decrypt([r[2] for r in rows])
+    names = transit_decrypt(provider, [r[2] for r in rows])
     assert names == [plain[r[0]][0] for r in rows]
     with_doc = [r for r in rows if r[3] is not None]
-    assert provider.decrypt([r[3] for r in with_doc]) == [plain[r[0]][1] for r in with_doc]
+    assert transit_decrypt(provider, [r[3] for r in with_doc]) == [plain[r[0]][1] for r in with_doc]
     assert all((r[0] % 7 == 0) == (r[3] is None) for r in rows)  # NULL stays NULL
 
 
@@ -228,12 +230,12 @@ def test_target_without_key_version_column_is_selected_by_the_value_prefix(
     pg_conn.execute("CREATE SCHEMA app")
     pg_conn.execute("CREATE TABLE app.notes (note_id text PRIMARY KEY, body_cipher varchar(300), tag_cipher text, "
                     "touched integer NOT NULL DEFAULT 0)")
-    bodies_v1 = provider.encrypt([f"body {i}".encode() for i in range(6)])
+    bodies_v1 = transit_encrypt(provider, [f"body {i}".encode() for i in range(6)])
     provider.rotate()
-    tags_v2 = provider.encrypt([f"tag {i}".encode() for i in range(6)])
+    tags_v2 = transit_encrypt(provider, [f"tag {i}".encode() for i in range(6)])
     provider.rotate()
     provider.rotate()  # current is 4
-    fresh = provider.encrypt([b"on v4 body", b"on v4 tag"])
+    fresh = transit_encrypt(provider, [b"on v4 body", b"on v4 tag"])
     rows = [
         ("n-a", bodies_v1[0], tags_v2[0]),   # both behind
         ("n-b", fresh[0], tags_v2[1]),       # one column behind: selected, only that value rewrapped
@@ -265,7 +267,7 @@ def test_target_without_key_version_column_is_selected_by_the_value_prefix(
     assert got["n-b"][0] == fresh[0]  # a value already current is kept as it is
     for untouched in ("n-c", "n-d", "n-f"):
         assert got[untouched] == (*next(r[1:] for r in rows if r[0] == untouched), 0)
-    assert provider.decrypt([got["n-a"][0], got["n-a"][1], got["n-e"][0], got["n-e"][1]]) == [
+    assert transit_decrypt(provider, [got["n-a"][0], got["n-a"][1], got["n-e"][0], got["n-e"][1]]) == [
         b"body 0", b"tag 0", b"body 1", b"tag 4"]
 
 
@@ -431,11 +433,11 @@ def test_inventory_reads_versions_from_the_prefix_and_reports_min_decryption_ver
     provider = transit(openbao, mount, key)
     pg_conn.execute("CREATE SCHEMA app")
     pg_conn.execute("CREATE TABLE app.notes (note_id text PRIMARY KEY, body_cipher text, tag_cipher text)")
-    v1 = provider.encrypt([b"a", b"b", b"c"])
+    v1 = transit_encrypt(provider, [b"a", b"b", b"c"])
     provider.rotate()
-    v2 = provider.encrypt([b"d", b"e"])
+    v2 = transit_encrypt(provider, [b"d", b"e"])
     provider.rotate()
-    v3 = provider.encrypt([b"f", b"g"])
+    v3 = transit_encrypt(provider, [b"f", b"g"])
     bao(openbao).api("POST", f"{mount}/keys/{key}/config", {"min_decryption_version": 2})
     pg_conn.cursor().executemany("INSERT INTO app.notes VALUES (%s, %s, %s)", [
         ("a", v1[0], v2[0]),           # UNKNOWN_KEY (v1 < min 2) + HISTORICAL
@@ -495,7 +497,7 @@ def test_other_tenants_and_soft_deleted_rows_are_out_of_scope(
     pg_conn.execute("CREATE SCHEMA app")
     pg_conn.execute("CREATE TABLE app.notes (note_id text PRIMARY KEY, tenant text, deleted boolean, "
                     "body_cipher text, tag_cipher text)")
-    old = provider.encrypt([f"body {i}".encode() for i in range(4)])
+    old = transit_encrypt(provider, [f"body {i}".encode() for i in range(4)])
     provider.rotate()
     pg_conn.cursor().executemany("INSERT INTO app.notes VALUES (%s, %s, %s, %s, NULL)", [
         ("a", "t%s1", False, old[0]), ("b", "t%s1", True, old[1]), ("c", "t2", False, old[2]),
@@ -517,6 +519,7 @@ def test_vault_transit_target_with_another_provider_is_blocked_and_refused(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Any) -> None:
     create_people(pg_conn)
     pg_conn.execute("INSERT INTO people (id, key_version, name_cipher) VALUES (1, 1, 'vault:v1:QUJD')")
+    FileKeyProvider(keys_file, create=True).load_keyring()  # a keyring of the wrong kind, but one that exists
     settings = settings_from_mapping({
         "database": {"url": database_url}, "keys": {"provider": "file", "file": str(keys_file)},
         "targets": [{"name": PEOPLE, "table": "people", "key_version": "key_version", "columns": ["name_cipher"],

@@ -29,6 +29,7 @@ from pinrotate_core.config import KeysSettings, VaultSettings, settings_from_map
 from pinrotate_core.errors import CiphertextInvalid, ConfigError, ConflictError, KeyUnavailable
 from pinrotate_core.providers import build_provider
 from pinrotate_core.providers.vault import (
+    TransitBatches,
     TransitValuesInvalid,
     VaultKvKeyProvider,
     VaultSession,
@@ -37,6 +38,7 @@ from pinrotate_core.providers.vault import (
 )
 from pinrotate_core.schemes.transit import is_transit, transit_version, transit_version_or_none
 
+from .transit_helpers import transit_decrypt, transit_encrypt
 from .vault_server import BaoAdmin, BaoDevServer, free_loopback_port
 
 pytestmark = pytest.mark.vault
@@ -507,9 +509,9 @@ def test_transit_rewrap_moves_thousands_of_values_to_the_latest_version(openbao:
     provider = transit_provider(openbao, mount, key)
     plaintexts = [b""] + [secrets.token_bytes(1 + i % 48) for i in range(2999)]
 
-    ciphertexts = provider.encrypt(plaintexts[:1500])
+    ciphertexts = transit_encrypt(provider, plaintexts[:1500])
     assert provider.rotate() == 2
-    ciphertexts += provider.encrypt(plaintexts[1500:])
+    ciphertexts += transit_encrypt(provider, plaintexts[1500:])
     assert provider.rotate() == 3
     assert {transit_version(v) for v in ciphertexts} == {1, 2}
 
@@ -522,8 +524,14 @@ def test_transit_rewrap_moves_thousands_of_values_to_the_latest_version(openbao:
         rewrapped += provider.rewrap(ciphertexts[start:start + 700])
     assert len(rewrapped) == len(ciphertexts)
     assert {transit_version(v) for v in rewrapped} == {3}
-    assert provider.decrypt(rewrapped) == plaintexts  # order preserved, plaintext unchanged
-    assert provider.rewrap([]) == [] and provider.decrypt([]) == []
+    assert transit_decrypt(provider, rewrapped) == plaintexts  # order preserved, plaintext unchanged
+    assert provider.rewrap([]) == [] and transit_decrypt(provider, []) == []
+
+
+def test_the_production_transit_provider_only_rewraps_it_cannot_encrypt_or_decrypt() -> None:
+    # Plaintext through Transit is for tests and benchmarks only (tests/transit_helpers.py).
+    assert not any(hasattr(VaultTransitKeyProvider, name) for name in ("encrypt", "decrypt"))
+    assert not any(hasattr(TransitBatches, name) for name in ("encrypt", "decrypt"))
 
 
 def test_transit_keyring_is_cached_per_instance(openbao: BaoDevServer) -> None:
@@ -539,7 +547,7 @@ def test_transit_keyring_is_cached_per_instance(openbao: BaoDevServer) -> None:
 def test_min_decryption_version_is_read_and_older_values_are_key_unavailable(openbao: BaoDevServer) -> None:
     mount, key = new_transit(openbao)
     provider = transit_provider(openbao, mount, key)
-    old = provider.encrypt([b"alpha", b"beta"])
+    old = transit_encrypt(provider, [b"alpha", b"beta"])
     provider.rotate()
     provider.rotate()
     assert provider.min_decryption_version() == 1
@@ -554,7 +562,7 @@ def test_min_decryption_version_is_read_and_older_values_are_key_unavailable(ope
 def test_rewrap_reports_refused_values_by_position_never_by_value(openbao: BaoDevServer) -> None:
     mount, key = new_transit(openbao)
     provider = transit_provider(openbao, mount, key)
-    good = provider.encrypt([b"one", b"two", b"three"])
+    good = transit_encrypt(provider, [b"one", b"two", b"three"])
     provider.rotate()
 
     not_transit = [good[0], "garbage-value", good[1]]
@@ -570,7 +578,7 @@ def test_rewrap_reports_refused_values_by_position_never_by_value(openbao: BaoDe
     assert_secret_free([error_text(excinfo.value), error_text(excinfo2.value)], [*good, tampered, "garbage-value"])
 
     survivors = provider.rewrap([good[0], good[1], good[2]])
-    assert provider.decrypt(survivors) == [b"one", b"two", b"three"]
+    assert transit_decrypt(provider, survivors) == [b"one", b"two", b"three"]
 
 
 def test_a_batch_the_server_finds_too_complex_is_sent_again_in_halves(openbao_factory: Any) -> None:
@@ -579,7 +587,7 @@ def test_a_batch_the_server_finds_too_complex_is_sent_again_in_halves(openbao_fa
     provider = transit_provider(server, mount, key)
     assert provider.max_items_per_request == 490
     plaintexts = [secrets.token_bytes(8) for _ in range(1200)]
-    values = provider.encrypt(plaintexts)  # 490 + 490 + 220: three requests
+    values = transit_encrypt(provider, plaintexts)  # 490 + 490 + 220: three requests
     provider.rotate()
 
     greedy = VaultTransitKeyProvider(VaultSettings(addr=server.addr, token=server.token, transit_mount=mount, key=key),
@@ -587,7 +595,7 @@ def test_a_batch_the_server_finds_too_complex_is_sent_again_in_halves(openbao_fa
     rewrapped = greedy.rewrap(values)
     assert greedy.max_items_per_request == 300  # 1200 and 600 refused, 300 accepted and kept
     assert {transit_version(v) for v in rewrapped} == {2}
-    assert provider.decrypt(rewrapped) == plaintexts
+    assert transit_decrypt(provider, rewrapped) == plaintexts
 
 
 def test_missing_transit_key_names_mount_and_key(openbao: BaoDevServer) -> None:
@@ -607,7 +615,7 @@ def test_sealed_or_stopped_server_is_retryable_key_unavailable(openbao_factory: 
     mount, path = new_kv(server, {"current": "1", "1": k1})
     tmount, tkey = new_transit(server)
     transit = transit_provider(server, tmount, tkey)
-    values = transit.encrypt([b"x", b"y"])
+    values = transit_encrypt(transit, [b"x", b"y"])
     transit.rotate()
     cached = kv_provider(server, mount, path)
     ring = cached.load_keyring()
@@ -673,7 +681,7 @@ def test_revoked_token_is_not_retryable(openbao: BaoDevServer, logs: pytest.LogC
                                                 vault=VaultSettings(transit_mount=tmount, key=tkey, **settings)))
     assert isinstance(transit, VaultTransitKeyProvider)
     kv.load_keyring()
-    values = transit.encrypt([b"secret plaintext"])
+    values = transit_encrypt(transit, [b"secret plaintext"])
 
     bao(openbao).revoke_token(token)
     with pytest.raises(KeyUnavailable, match=r"permission denied .*\(HTTP 403\)") as kv_denied:
