@@ -238,6 +238,42 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
     return sum(m for m, _, _ in results), secs, {str(k): int(v) for k, v in peaks.items()}, cpu, costs
 
 
+def wal_lsn(url: str) -> str:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def wal_bytes_since(url: str, start: str) -> int:
+    """WAL bytes written since ``start`` (deterministic for the same statements: it holds on a noisy machine)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (start,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def bare_aead_per_row(url: str, old: bytes, new: bytes, rows: int) -> tuple[float, int]:
+    """The least crypto a rotation must do, timed alone on the table's own values: per value decrypt under
+    the old key, encrypt under the new one, and decrypt that again (verify-before-commit); CPU seconds of
+    this process per row, and the values done. Values are read before the clock."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    with psycopg.connect(url) as conn:
+        values = [bytes(v) for row in conn.execute(
+            "SELECT first_name_cipher, last_name_cipher, middle_name_cipher, birth_date_cipher "
+            "FROM profile.persons_seeded ORDER BY id LIMIT %s", (rows,)) for v in row if v is not None]
+    before, after = AESGCM(old), AESGCM(new)
+    t0 = time.process_time()
+    for value in values:
+        plain = before.decrypt(value[:12], value[12:], None)
+        nonce = os.urandom(12)
+        written = after.encrypt(nonce, plain, None)
+        if after.decrypt(nonce, written, None) != plain:
+            raise AssertionError("verify failed")
+    return (time.process_time() - t0) / rows, len(values)
+
+
 def _warm_worker() -> None:
     import pinrotate_core.rotation  # noqa: F401  (the imports a drain task needs, once per worker)
 
@@ -293,7 +329,7 @@ def main() -> int:
             server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
             cleanups.append(server.cleanup)
             url = server.get_uri()
-        provider = FileKeyProvider(sandbox / "keys.toml")
+        provider = FileKeyProvider(sandbox / "keys.toml", create=True)
         ring = provider.load_keyring()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS profile CASCADE")
@@ -328,9 +364,12 @@ def main() -> int:
                 conn.execute("VACUUM ANALYZE profile.persons")
                 conn.execute("CHECKPOINT")
 
+        wal: dict[str, list[int]] = {"drain": [], "update": []}
+
         def single() -> tuple[int, float, int, Cpu]:
             scheme = build_scheme(target, ring2, settings.keys)
             restore()
+            start = wal_lsn(url)
             with RssSampler() as rss:
                 busy, own = busy_cpu_seconds(), own_cpu_seconds()
                 t0 = time.perf_counter()
@@ -338,20 +377,24 @@ def main() -> int:
                 secs = time.perf_counter() - t0
                 cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own)
             assert result.backlog_remaining == 0 and not result.failed, result
+            wal["drain"].append(wal_bytes_since(url, start))
             return result.reencrypted, secs, rss.peak_kb, cpu
 
         def in_database_update() -> tuple[float, Cpu]:
             restore()
+            start = wal_lsn(url)
             with psycopg.connect(url, autocommit=True) as conn:
                 busy = busy_cpu_seconds()
                 t0 = time.perf_counter()
                 conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # the same rows
                 secs = time.perf_counter() - t0
                 cpu = Cpu(busy_cpu_seconds() - busy)
+                wal["update"].append(wal_bytes_since(url, start))
                 conn.execute("UPDATE profile.persons SET key_version = key_version - 1")
             return args.rows / secs, cpu
 
         single()  # warm-up, untimed
+        wal["drain"].clear()
         raw = {"database": {"url": url}, "keys": {"provider": "file", "file": str(sandbox / "keys.toml")},
                "job": {"batch_size": args.batch_size, "inter_batch_delay": 0}, "targets": [PERSON]}
         drains: list[float] = []
@@ -436,7 +479,18 @@ def main() -> int:
             print(f"CPU, dask: {median_cpu('dask').per_row(args.rows)}")
         if cpus["processes"]:
             print(f"CPU, {plain} plain processes: {median_cpu('processes').per_row(args.rows)}")
-        print(f"CPU, in-database UPDATE: {median_cpu('update').per_row(args.rows)}")
+        update_cpu = median_cpu("update")
+        print(f"CPU, in-database UPDATE: {update_cpu.per_row(args.rows)}")
+        pg_drain = (drain_cpu.busy - drain_cpu.python) / args.rows
+        pg_update = (update_cpu.busy - update_cpu.python) / args.rows
+        print(f"PostgreSQL and the rest per row: drain / UPDATE = {pg_drain / pg_update:.2f}")
+        sample = min(args.rows, 50_000)
+        aead = statistics.median(bare_aead_per_row(url, ring.keys["1"].material, ring2.keys[ring2.current].material,
+                                                   sample)[0] for _ in range(3))
+        print(f"bare AEAD work (decrypt, encrypt, verify-decrypt of every value; {sample:,} rows, median of 3): "
+              f"{aead * 1e6:.1f} us per row; drain's Python / bare AEAD = {drain_cpu.python / args.rows / aead:.2f}")
+        print(f"WAL per row (medians): drain {statistics.median(wal['drain']) / args.rows:,.0f} B, "
+              f"in-database UPDATE {statistics.median(wal['update']) / args.rows:,.0f} B")
         cap = cores / (drain_cpu.busy / args.rows)
         print(f"at the drain's CPU per row, {cores} cores (PostgreSQL's included) cap any number of drain processes "
               f"at about {cap:,.0f} rows/s = {cap / drain_rate:.2f}x one process, {cap / update_rate:.2f} of the UPDATE")

@@ -142,7 +142,7 @@ def main() -> int:
         server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
         cleanups.append(server.cleanup)
         url = server.get_uri()
-        provider = FileKeyProvider(sandbox / "keys.toml")
+        provider = FileKeyProvider(sandbox / "keys.toml", create=True)
         ring = provider.load_keyring()
         with psycopg.connect(url, autocommit=True) as conn:
             presets.apply_pin_profile_schema(conn)
