@@ -238,10 +238,18 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
-    from flows.rotate_flow import run_flow
+    from flows.rotate_flow import RunOutcome, run_flow
 
     install_stop_handlers()
-    outcome = run_flow(**params)
+
+    def end_now(lost: RunOutcome) -> None:
+        # The run lost its Prefect API and stopped between batches: one line, exit 4, and no
+        # wait for Prefect's engine to fail at recording it.
+        fail(ns, lost.exit_code, lost.error or "the Prefect API stopped answering")
+        sys.stderr.flush()
+        os._exit(lost.exit_code)
+
+    outcome = run_flow(on_orchestrator_lost=end_now, **params)
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))

@@ -34,7 +34,7 @@ from tenacity import (
 )
 
 from flows import reports
-from flows.runtime import cancellation_watch, flow_run_cancelling
+from flows.runtime import cancellation_watch, flow_run_cancelling, orchestrator_lost
 from flows.throttle import VariableThrottleControl
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
@@ -44,6 +44,7 @@ from pinrotate_core.drain import (
     STOP_DB_ERROR,
     STOP_DEADLINE,
     STOP_KEY_UNAVAILABLE,
+    STOP_ORCHESTRATOR_LOST,
     STOP_THROTTLE_CRITICAL,
     DrainResult,
     natural_id_order,
@@ -116,7 +117,8 @@ def result_from_dict(d: dict[str, Any]) -> DrainResult:
     return DrainResult(**values)
 
 
-_STOP_ORDER = (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
+_STOP_ORDER = (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_ORCHESTRATOR_LOST, STOP_CANCELLED,
+               STOP_DEADLINE)
 
 
 def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
@@ -222,6 +224,10 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     configure_stderr_logging()
     stop = threading.Event()
     attempts: list[DrainResult] = []
+    if orchestrator_lost(spec.run_id):  # another shard of this process found the Prefect API gone
+        return {**result_as_dict(stopped_result(target, spec, PinrotateError("the Prefect API stopped answering"),
+                                                STOP_ORCHESTRATOR_LOST, rows)), "shard": shard, "worker": _where(),
+                "orchestrator_lost": True}
     if flow_run_cancelling(spec.run_id):
         return {**result_as_dict(stopped_result(target, spec, PinrotateError("cancelled before it started"),
                                                 STOP_CANCELLED, rows)), "shard": shard, "worker": _where()}
@@ -230,6 +236,10 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
+                if isinstance(ctx.throttle_control, VariableThrottleControl):
+                    # Before the first batch and outside the throttle's lock; later reads run
+                    # in the background, and the drain goes on with the last value read.
+                    ctx.throttle_control.refresh()
                 # The first attempt starts from the planned backlog; a retry counts what is left.
                 planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
@@ -253,7 +263,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     def pause(seconds: float) -> None:
         stop.wait(seconds)  # a cancellation ends the pause at once
 
-    with cancellation_watch(spec.run_id, stop):
+    with cancellation_watch(spec.run_id, stop) as api:
         retrying = Retrying(stop=stop_after_attempt(DRAIN_ATTEMPTS) | stop_when_event_set(stop),
                             wait=wait_exponential_jitter(multiplier=2, max=30), retry=retry_if_result(worth_retrying),
                             sleep=pause, before_sleep=before_sleep, retry_error_callback=lambda s: None)
@@ -264,7 +274,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         merged.backlog_before = attempts[0].backlog_before
         merged.backlog_remaining = attempts[-1].backlog_remaining
     # Where it ran (host:pid), for the per-shard table: names a process, never data.
-    return {**result_as_dict(merged), "shard": shard, "worker": _where()}
+    return {**result_as_dict(merged), "shard": shard, "worker": _where(), "orchestrator_lost": api.lost}
 
 
 def _where() -> str:
