@@ -36,6 +36,7 @@ from flows.runtime import (
     RunProgress,
     api_url,
     cancellation_watch,
+    lines_from_workers,
     quiet_fail_closed_tracebacks,
     quiet_prefect_clients_while_api_away,
     sigterm_cancels,
@@ -55,6 +56,7 @@ from flows.tasks import (
     verify,
 )
 from flows.throttle import VariableThrottleControl
+from flows.worker_logs import batch_progress
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings, resolve_config_path
 from pinrotate_core.db import database_url, make_engine
@@ -146,7 +148,7 @@ class ShardDrains:
             # the run's total: a big table's plan is an estimate.
             r = shard.result
             self.progress.advance(r.reencrypted + len(r.failed),
-                                  recount=r.reencrypted + r.backlog_remaining - shard.rows)
+                                  recount=r.reencrypted + r.backlog_remaining - shard.rows, target=shard.target)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
@@ -183,14 +185,16 @@ class ShardDrains:
 
 @contextlib.contextmanager
 def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> Iterator[None]:
-    """While the drains run, keep the progress artifact saying whether the operator paused or tuned
-    the run through the throttle Variable (the drains, maybe in other processes, obey it themselves)."""
+    """While the drains run, keep the progress artifact up to date with the batches, and saying
+    whether the operator paused or tuned the run through the throttle Variable (the drains, maybe
+    in other processes, obey it themselves)."""
     control = VariableThrottleControl(variable)
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(every):
             progress.show_operator(control(), variable)
+            progress.publish()  # the batches counted since the last look
 
     watcher = threading.Thread(target=watch, name="pinrotate-operator-watch", daemon=True)
     watcher.start()
@@ -211,7 +215,8 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api:
         plan = planning.result()
         progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
         drains = ShardDrains(spec, plan, progress)
-        with operator_watch(progress, settings.job.throttle_variable):
+        with batch_progress(spec.run_id, progress.batch), lines_from_workers(runner, spec.run_id), \
+                operator_watch(progress, settings.job.throttle_variable):
             drains.submit(runner, stop)
             drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)

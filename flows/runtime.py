@@ -27,6 +27,7 @@ from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RET
 from prefect.states import Cancelling
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from flows.worker_logs import LOCAL_WORKER_ENV, relog, topic
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
 from pinrotate_core.log import log_event
@@ -55,6 +56,10 @@ LOCAL_WORKER_CONFIG: dict[str, Any] = {
     "distributed.scheduler.work-stealing-interval": "1s",
     # No traceback on the terminal when the run closes its cluster (see flows/dask_worker.py).
     "distributed.worker.preload": ["flows.dask_worker"],
+    # The workers' own INFO lines (starting, listening at, registered to, waiting to connect: about
+    # fifty for a cluster of four) say nothing about the run; warnings and errors still show. Set in
+    # the worker processes' environment, which Dask reads when it sets up their logging.
+    "distributed.nanny.pre-spawn-environ.DASK_LOGGING__DISTRIBUTED": "warning",
 }
 
 
@@ -74,11 +79,13 @@ def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
     import dask
     from prefect_dask.task_runners import DaskTaskRunner
 
-    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own.
+    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own;
+    # the workers' own are set in LOCAL_WORKER_CONFIG.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if job.dask_address:
         return DaskTaskRunner(address=job.dask_address)
     env = {"PREFECT_API_URL": api_url} if api_url else {}
+    env[LOCAL_WORKER_ENV] = "1"  # the run's lines reach the terminal through the flow (flows.worker_logs)
     dask.config.set(LOCAL_WORKER_CONFIG)
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": job.max_degree_of_parallelism, "threads_per_worker": 1, "processes": True,
@@ -100,6 +107,23 @@ def start_workers(runner: TaskRunner[Any]) -> None:
             where = f"the Dask scheduler at {runner.address} ([job] dask_address)" if runner.address else \
                 "a local Dask cluster"
             raise ClusterUnavailable(f"cannot connect to {where}: {e}") from None
+
+
+@contextlib.contextmanager
+def lines_from_workers(runner: TaskRunner[Any], run_id: str) -> Iterator[None]:
+    """While the block runs, the run's log lines from Dask workers are logged in this process too
+    (see flows.worker_logs); threads log here already."""
+    from prefect_dask.task_runners import DaskTaskRunner
+
+    if not isinstance(runner, DaskTaskRunner):
+        yield
+        return
+    client = runner.client
+    client.subscribe_topic(topic(run_id), relog(run_id))  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        client.unsubscribe_topic(topic(run_id))  # type: ignore[no-untyped-call]
 
 
 def api_url() -> str | None:
@@ -324,13 +348,22 @@ def cancel_flow_run(flow_run_id: str) -> None:
 # -- progress ---------------------------------------------------------------------------------------
 
 class RunProgress:
-    """One progress artifact for the run: the share of the backlog at the start that has been handled."""
+    """One progress artifact for the run: the share of the backlog at the start that has been handled.
+
+    It moves with every batch of any drain (``batch``, from the run's log lines, wherever the drain
+    runs) and is set right when a shard ends (``advance``, with what the shard turned out to hold).
+    ``batch`` only counts, under a lock; the artifact is written by ``publish`` and ``advance``,
+    never while that lock is held.
+    """
 
     def __init__(self, run_id: str, current_key: str, total: int) -> None:
         self.run_id = run_id
         self.unpublished = False  # the last update did not reach the API (logged once)
         self.total = total
         self.done = 0
+        self._lock = threading.Lock()
+        self._batched: dict[str, int] = {}  # per target: rows of batches whose shard has not ended
+        self._published: float | None = None
         self.title = f"pinrotate run {run_id}: rows moved to key {current_key}"
         self.operator = ""  # what the operator's throttle Variable says, when it says anything
         created = create_progress_artifact(progress=0.0 if total else 100.0, key=PROGRESS_KEY,
@@ -353,14 +386,31 @@ class RunProgress:
 
     @property
     def share(self) -> float:
-        return round(100.0 * min(1.0, self.done / self.total), 1) if self.total else 100.0
+        with self._lock:
+            handled = self.done + sum(self._batched.values())
+            return round(100.0 * min(1.0, handled / self.total), 1) if self.total else 100.0
 
-    def advance(self, rows: int, recount: int = 0) -> None:
-        """``rows`` more handled; ``recount``: what a shard held, counted, less its planned backlog."""
-        self.done += rows
-        self.total = max(0, self.total + recount)
-        if self.artifact_id is not None:
-            self._update(progress=self.share)
+    def batch(self, target: str, rows: int) -> None:
+        """A batch of ``target`` handled ``rows`` rows (its shard has not ended yet)."""
+        with self._lock:
+            self._batched[target] = self._batched.get(target, 0) + rows
+
+    def advance(self, rows: int, recount: int = 0, target: str | None = None) -> None:
+        """A shard of ``target`` ended having handled ``rows``; ``recount``: what it held, counted,
+        less its planned backlog. Its batches counted so far are now in ``rows``."""
+        with self._lock:
+            self.done += rows
+            self.total = max(0, self.total + recount)
+            if target is not None:
+                self._batched[target] = max(0, self._batched.get(target, 0) - rows)
+        self.publish(force=True)
+
+    def publish(self, force: bool = False) -> None:
+        """Write the share to the artifact, if it changed (called every few seconds while draining)."""
+        share = self.share
+        if self.artifact_id is not None and (force or share != self._published):
+            self._published = share
+            self._update(progress=share)
 
     def _update(self, **fields: Any) -> None:
         # The artifact shows the run; it never stops it. An API that does not answer is the

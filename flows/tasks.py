@@ -36,6 +36,7 @@ from tenacity import (
 from flows import reports
 from flows.runtime import cancellation_watch, flow_run_cancelling, orchestrator_lost
 from flows.throttle import VariableThrottleControl
+from flows.worker_logs import drain_logging
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.db import database_url, make_engine
@@ -50,7 +51,6 @@ from pinrotate_core.drain import (
     natural_id_order,
 )
 from pinrotate_core.errors import DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
-from pinrotate_core.log import configure_stderr_logging
 from pinrotate_core.schemes.base import FailedRow
 
 DRAIN_ATTEMPTS = 4  # a retryable stop (an outage) is tried again with backoff, inside the task
@@ -221,7 +221,12 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     backoff, and the attempts' counts add up. A cancellation of the flow run, seen through the
     Prefect API, stops the drain between batches.
     """
-    configure_stderr_logging()
+    with drain_logging(spec.run_id):
+        return _drain_shard(spec, target, shard, id_range, rows, exact)
+
+
+def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, Any] | None, rows: int,
+                 exact: bool) -> dict[str, Any]:
     stop = threading.Event()
     attempts: list[DrainResult] = []
     if orchestrator_lost(spec.run_id):  # another shard of this process found the Prefect API gone

@@ -104,8 +104,9 @@ def test_the_readme_deployment_walkthrough_runs_as_written_and_a_cancel_ends_can
     assert not left, f"still running after the walkthrough stopped everything: {left}"
 
     # The cancelled run ended Cancelled, the next one Completed (and the gate, exit 0 under -e, opened).
-    assert "Flow run finished in state 'Cancelled'." in output
-    assert "Flow run finished successfully in 'Completed'." in output
+    # `prefect flow-run watch` says "finished" or, when it starts after the end, "already finished".
+    assert re.search(r"finished in state 'Cancelled'", output), output[-4000:]
+    assert re.search(r"finished (successfully )?in 'Completed'", output), output[-4000:]
     with sqlite3.connect(fresh_home / ".prefect" / "prefect.db") as db:
         runs = db.execute("SELECT state_type, state_name FROM flow_run WHERE NOT auto_scheduled "
                           "ORDER BY start_time").fetchall()
