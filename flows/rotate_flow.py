@@ -25,21 +25,23 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows import reports
-from flows.runtime import (
+from flows.api_watch import (
     ORCHESTRATOR_GRACE_S,
     ApiWatch,
-    ClusterUnavailable,
     OrchestratorLost,
+    cancellation_watch,
+    quiet_prefect_clients_while_api_away,
+    sigterm_cancels,
+)
+from flows.runtime import (
+    ClusterUnavailable,
     RunCancelled,
     RunEndedWithReport,
     RunFailedClosed,
     RunProgress,
     api_url,
-    cancellation_watch,
     lines_from_workers,
     quiet_fail_closed_tracebacks,
-    quiet_prefect_clients_while_api_away,
-    sigterm_cancels,
     start_workers,
     task_runner,
 )

@@ -34,7 +34,7 @@ from tenacity import (
 )
 
 from flows import reports
-from flows.runtime import cancellation_watch, flow_run_cancelling, orchestrator_lost
+from flows.api_watch import cancellation_watch, flow_run_cancelling, orchestrator_lost
 from flows.throttle import VariableThrottleControl
 from flows.worker_logs import drain_logging
 from pinrotate_core import rotation

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from prefect.exceptions import PrefectException
 
-from flows.runtime import polling_client
+from flows.api_watch import polling_client
 from pinrotate_core.log import log_event
 
 DEFAULT_TTL_SECONDS = 3.0
