@@ -266,10 +266,18 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
-    from flows.rotate_flow import run_flow
+    from flows.rotate_flow import RunOutcome, run_flow
 
     install_stop_handlers()
-    outcome = run_flow(**params)
+
+    def end_now(lost: RunOutcome) -> None:
+        # The run lost its Prefect API and stopped between batches: one line, exit 4, and no
+        # wait for Prefect's engine to fail at recording it.
+        fail(ns, lost.exit_code, lost.error or "the Prefect API stopped answering")
+        sys.stderr.flush()
+        os._exit(lost.exit_code)
+
+    outcome = run_flow(on_orchestrator_lost=end_now, **params)
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))
@@ -283,7 +291,9 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     from pinrotate_core.samples import seed_database
 
     settings = _settings(ns)
-    keyring = build_provider(settings).load_keyring()
+    # Seeding writes under the current key, so a file keyring that does not exist yet is created
+    # here, as on a run's first start (never by a read: inventory, gate, keys list).
+    keyring = build_provider(settings, create_keyring=True).load_keyring()
     summary = seed_database(settings, keyring, rows=ns.rows, key_id=ns.key)
     doc = {"sample": "pin-profile", "key": summary.key_id, "rows": summary.total_rows, "tables": summary.counts,
            "drafts": summary.drafts}

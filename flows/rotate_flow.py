@@ -9,10 +9,11 @@ artifact.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +25,23 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows import reports
+from flows.api_watch import (
+    ORCHESTRATOR_GRACE_S,
+    ApiWatch,
+    OrchestratorLost,
+    cancellation_watch,
+    quiet_prefect_clients_while_api_away,
+    sigterm_cancels,
+)
 from flows.runtime import (
     ClusterUnavailable,
+    RunCancelled,
+    RunEndedWithReport,
     RunFailedClosed,
     RunProgress,
     api_url,
-    cancellation_watch,
+    lines_from_workers,
     quiet_fail_closed_tracebacks,
-    sigterm_cancels,
     start_workers,
     task_runner,
 )
@@ -49,10 +59,17 @@ from flows.tasks import (
     verify,
 )
 from flows.throttle import VariableThrottleControl
+from flows.worker_logs import batch_progress
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings, resolve_config_path
 from pinrotate_core.db import database_url, make_engine
-from pinrotate_core.drain import STOP_CANCELLED, STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, DrainResult
+from pinrotate_core.drain import (
+    STOP_CANCELLED,
+    STOP_DB_ERROR,
+    STOP_KEY_UNAVAILABLE,
+    STOP_ORCHESTRATOR_LOST,
+    DrainResult,
+)
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
 from pinrotate_core.log import configure_stderr_logging, log_event
 
@@ -60,6 +77,7 @@ FLOW_NAME = "pinrotate-rotate"
 SHARDS_PER_WORKER = 4  # more shards than workers, so that one slow shard does not hold the run
 
 quiet_fail_closed_tracebacks()
+quiet_prefect_clients_while_api_away()
 
 
 # The flow's own tasks (the plan, verify, the gate report) run on threads of the flow's process; the
@@ -81,7 +99,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                             engine=make_engine(database_url(settings), pool_size=1))
     stop = threading.Event()
     try:
-        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop):
+        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop) as api:
             spec = dataclasses.replace(spec, current_key=read_current_key(spec))
             with rotation.single_instance(ctx) as got:
                 if not got:
@@ -89,7 +107,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                     report.skipped = f"another run holds the lock {rotation.LOCK_NAME}"
                     log_event("job_skipped", run_id=flow_run_id, reason="single_instance_lock_held")
                     return report.as_dict()
-                return _rotate(ctx, spec, stop)
+                return _rotate(ctx, spec, stop, api)
     finally:
         ctx.close()
 
@@ -118,6 +136,7 @@ class ShardDrains:
         self.shards = [_Shard(p["target"], p["shard"], p["id_range"], p["rows"], p["exact"]) for p in plan]
         self.progress = progress
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
+        self.orchestrator_lost = False  # a drain's own watch found the Prefect API gone
 
     def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
         """Largest planned backlog first, over every target (longest-processing-time first): the
@@ -142,7 +161,7 @@ class ShardDrains:
             # the run's total: a big table's plan is an estimate.
             r = shard.result
             self.progress.advance(r.reencrypted + len(r.failed),
-                                  recount=r.reencrypted + r.backlog_remaining - shard.rows)
+                                  recount=r.reencrypted + r.backlog_remaining - shard.rows, target=shard.target)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
@@ -160,6 +179,7 @@ class ShardDrains:
                                 "re-encrypted but are not in these counts")
             return failed
         shard.worker = str(doc.get("worker", ""))
+        self.orchestrator_lost |= bool(doc.get("orchestrator_lost"))
         shard.started = bool(doc.get("started", True))
         shard.started_at, shard.ended_at = doc.get("started_at"), doc.get("ended_at")
         result = result_from_dict(doc)
@@ -214,14 +234,16 @@ class ShardDrains:
 
 @contextlib.contextmanager
 def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> Iterator[None]:
-    """While the drains run, keep the progress artifact saying whether the operator paused or tuned
-    the run through the throttle Variable (the drains, maybe in other processes, obey it themselves)."""
+    """While the drains run, keep the progress artifact up to date with the batches, and saying
+    whether the operator paused or tuned the run through the throttle Variable (the drains, maybe
+    in other processes, obey it themselves)."""
     control = VariableThrottleControl(variable)
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(every):
             progress.show_operator(control(), variable)
+            progress.publish()  # the batches counted since the last look
 
     watcher = threading.Thread(target=watch, name="pinrotate-operator-watch", daemon=True)
     watcher.start()
@@ -232,7 +254,7 @@ def operator_watch(progress: RunProgress, variable: str, every: float = 2.0) -> 
         watcher.join(timeout=every + 5)
 
 
-def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> Any:
+def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api: ApiWatch) -> Any:
     settings = ctx.settings
     # The plan is made while the drains' runner starts (a local Dask cluster spawning and importing
     # its worker processes takes seconds; so may the plans of many targets).
@@ -242,7 +264,8 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
         plan = planning.result()
         progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
         drains = ShardDrains(spec, plan, progress)
-        with operator_watch(progress, settings.job.throttle_variable):
+        with batch_progress(spec.run_id, progress.batch), lines_from_workers(runner, spec.run_id), \
+                operator_watch(progress, settings.job.throttle_variable):
             drains.submit(runner, stop)
             drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
@@ -252,6 +275,8 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
     _recount(spec, report, drains.uncounted_targets())
     results = {name: result_as_dict(r) for name, r in report.targets.items()}
+    if api.lost or drains.orchestrator_lost:
+        return _orchestrator_lost(ctx, spec, report, results)
     if report.cancelled:
         # Cancelling: the API refuses new task runs, so the last steps run here, directly.
         report.verified = verify.fn(spec, results)
@@ -263,7 +288,12 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event) -> A
     rotation.conclude(ctx, report)
     doc = report.as_dict()
     if report.cancelled:
-        return Cancelled(message="stopped between batches; committed batches stay", data=doc)
+        moved = sum(t.reencrypted for t in report.targets.values())
+        left = sum(t.backlog_remaining for t in report.targets.values())
+        summary = f"stopped between batches; {moved} rows re-encrypted stay committed, {left} left for the next run"
+        # As for Failed: the data is an exception (a dict would make Prefect's engine log a
+        # TypeError traceback in the worker for every cancellation).
+        return Cancelled(message=summary, data=RunCancelled(summary, doc))
     if report.exit_code != rotation.EXIT_OK:
         summary = reports.fail_closed_summary(doc)
         # The state's data is an exception (as Prefect expects of a Failed state) whose message is
@@ -289,6 +319,36 @@ def _recount(spec: RunSpec, report: rotation.RunReport, names: list[str]) -> Non
             log_event("report_note", level=30, run_id=spec.run_id, target=name, note=note)
 
 
+def _orchestrator_lost(ctx: rotation.RunContext, spec: RunSpec, report: rotation.RunReport,
+                       results: dict[str, dict[str, Any]]) -> Any:
+    """The Prefect API stayed unreachable: every drain stopped between batches. Nothing more can be
+    reported to Prefect (no task run, no artifact); the report and the one-line reason go to the
+    in-process caller (the CLI), the log and the metrics, and the run ends with exit code 4."""
+    for r in report.targets.values():
+        if r.stopped in (None, STOP_CANCELLED) and r.backlog_remaining:
+            r.stopped, r.error = STOP_ORCHESTRATOR_LOST, "the Prefect API stopped answering"
+    report.cancelled = False
+    report.verified = verify.fn(spec, results)  # the database only
+    report.duration_ms = (time.monotonic() - ctx.started) * 1000
+    rotation.conclude(ctx, report)
+    doc = report.as_dict()
+    moved = sum(t.reencrypted for t in report.targets.values())
+    left = sum(t.backlog_remaining for t in report.targets.values())
+    message = (f"lost the Prefect API for more than {ORCHESTRATOR_GRACE_S:.0f} s; every drain stopped between "
+               f"batches: {moved} rows re-encrypted stay committed, {left} left for the next run")
+    end = _ON_ORCHESTRATOR_LOST.get()
+    if end is not None:
+        # The caller's process (the CLI) ends here: Prefect's engine would spend minutes of
+        # retries recording a final state with a server that is gone, and record nothing.
+        end(RunOutcome(rotation.EXIT_FAIL_CLOSED, {**doc, "error": message}, error=message))
+    raise OrchestratorLost(message)
+
+
+# What the in-process caller does with a run whose Prefect API is gone (see run_flow).
+_ON_ORCHESTRATOR_LOST: contextvars.ContextVar[Callable[[RunOutcome], None] | None] = contextvars.ContextVar(
+    "pinrotate_on_orchestrator_lost", default=None)
+
+
 # -- running the flow from the command line and the demo -------------------------------------------------
 
 @dataclass
@@ -301,17 +361,25 @@ class RunOutcome:
     state: State[Any] | None = None
 
 
-def run_flow(**params: Any) -> RunOutcome:
-    """Run the flow in this process (the CLI's ``run``, the demo) and read its report from its state."""
-    state: State[Any] = pinrotate_rotate(return_state=True, **params)  # type: ignore[assignment]
+def run_flow(on_orchestrator_lost: Callable[[RunOutcome], None] | None = None, **params: Any) -> RunOutcome:
+    """Run the flow in this process (the CLI's ``run``, the demo) and read its report from its state.
+
+    ``on_orchestrator_lost``: called with the outcome (exit 4, one line) when the run lost its
+    Prefect API and stopped, before Prefect's engine tries to record that; the CLI ends there.
+    """
+    token = _ON_ORCHESTRATOR_LOST.set(on_orchestrator_lost)
+    try:
+        state: State[Any] = pinrotate_rotate(return_state=True, **params)  # type: ignore[assignment]
+    finally:
+        _ON_ORCHESTRATOR_LOST.reset(token)
     data = state.result(raise_on_failure=False)
-    if isinstance(data, RunFailedClosed):
+    if isinstance(data, RunEndedWithReport):
         return RunOutcome(data.report["exit_code"], data.report, state=state)
     if isinstance(data, dict) and "exit_code" in data:
         return RunOutcome(int(data["exit_code"]), data, state=state)
     if isinstance(data, ConfigError):
         return RunOutcome(rotation.EXIT_CONFIG, error=str(data), state=state)
-    if isinstance(data, (KeyUnavailable, DatabaseError, ClusterUnavailable)):
+    if isinstance(data, (KeyUnavailable, DatabaseError, ClusterUnavailable, OrchestratorLost)):
         return RunOutcome(rotation.EXIT_FAIL_CLOSED, error=str(data), state=state)
     if isinstance(data, PinrotateError):
         return RunOutcome(rotation.EXIT_UNEXPECTED, error=str(data), state=state)

@@ -1,5 +1,6 @@
 """What a flow run needs from Prefect and Dask besides its tasks: the task runner chosen in the
-configuration, cancellation seen from any process, the progress artifact, and a clean Failed end.
+configuration, the progress artifact, and a clean Failed or Cancelled end (cancellation and the
+link to the Prefect API are in flows.api_watch).
 
 Nothing here keeps state between calls: every object belongs to one flow run and is passed along.
 """
@@ -7,26 +8,23 @@ Nothing here keeps state between calls: every object belongs to one flow run and
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
-import signal
 import threading
 from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.client.orchestration import SyncPrefectClient, get_client
-from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-from prefect.states import Cancelling
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from flows.api_watch import API_ERRORS, API_POLL_TIMEOUT_S, orchestrator_lost
+from flows.worker_logs import LOCAL_WORKER_ENV, relog, topic
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
 from pinrotate_core.log import log_event
 
-CANCEL_POLL_S = 1.0
 PROGRESS_KEY = "pinrotate-progress"  # an artifact key, so that `prefect artifact ls` lists it
 MAX_THREADS = 64
 # dask.config of the workers of a local cluster (set before they start), each measured here on a drain:
@@ -50,6 +48,10 @@ LOCAL_WORKER_CONFIG: dict[str, Any] = {
     "distributed.scheduler.work-stealing-interval": "1s",
     # No traceback on the terminal when the run closes its cluster (see flows/dask_worker.py).
     "distributed.worker.preload": ["flows.dask_worker"],
+    # The workers' own INFO lines (starting, listening at, registered to, waiting to connect: about
+    # fifty for a cluster of four) say nothing about the run; warnings and errors still show. Set in
+    # the worker processes' environment, which Dask reads when it sets up their logging.
+    "distributed.nanny.pre-spawn-environ.DASK_LOGGING__DISTRIBUTED": "warning",
 }
 
 
@@ -69,11 +71,13 @@ def task_runner(settings: Settings, api_url: str | None) -> TaskRunner[Any]:
     import dask
     from prefect_dask.task_runners import DaskTaskRunner
 
-    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own.
+    # The scheduler's and nannies' INFO lines (workers joining and leaving) would drown the run's own;
+    # the workers' own are set in LOCAL_WORKER_CONFIG.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if job.dask_address:
         return DaskTaskRunner(address=job.dask_address)
     env = {"PREFECT_API_URL": api_url} if api_url else {}
+    env[LOCAL_WORKER_ENV] = "1"  # the run's lines reach the terminal through the flow (flows.worker_logs)
     dask.config.set(LOCAL_WORKER_CONFIG)
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": job.max_degree_of_parallelism, "threads_per_worker": 1, "processes": True,
@@ -97,105 +101,48 @@ def start_workers(runner: TaskRunner[Any]) -> None:
             raise ClusterUnavailable(f"cannot connect to {where}: {e}") from None
 
 
+@contextlib.contextmanager
+def lines_from_workers(runner: TaskRunner[Any], run_id: str) -> Iterator[None]:
+    """While the block runs, the run's log lines from Dask workers are logged in this process too
+    (see flows.worker_logs); threads log here already."""
+    from prefect_dask.task_runners import DaskTaskRunner
+
+    if not isinstance(runner, DaskTaskRunner):
+        yield
+        return
+    client = runner.client
+    client.subscribe_topic(topic(run_id), relog(run_id))  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        client.unsubscribe_topic(topic(run_id))  # type: ignore[no-untyped-call]
+
+
 def api_url() -> str | None:
     """The Prefect API this process talks to: PREFECT_API_URL when set, else the temporary server."""
     with get_client(sync_client=True) as client:
         return str(client.api_url).rstrip("/") or None
 
 
-# -- cancellation ---------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = CANCEL_POLL_S) -> Iterator[None]:
-    """While the block runs, poll the flow run's state and set ``stop`` once it is being cancelled.
-
-    Runs in every process that drains (the flow's, each Dask worker's): a cancellation from the UI,
-    the API or a SIGTERM to the CLI (which cancels the flow run) reaches every drain this way, and
-    each stops between batches. The thread runs in a copy of the caller's context, so that it talks
-    to the same Prefect API as the run does.
-    """
-    done = threading.Event()
-
-    def poll() -> None:
-        try:
-            with get_client(sync_client=True) as client:
-                # At once, then every `every` seconds: a short shard must not miss a cancellation.
-                while not _cancelling(client, flow_run_id):
-                    if done.wait(every):
-                        return
-        except OSError:
-            return  # no API at all: nothing can cancel through it; SIGTERM still reaches the flow
-        log_event("cancel_requested", run_id=flow_run_id)
-        stop.set()
-
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(poll,), name=f"cancel-watch-{flow_run_id[:8]}",
-                              daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-
-
-@contextlib.contextmanager
-def sigterm_cancels(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
-    """While the block runs (in the main thread), SIGTERM cancels the flow run through the API.
-
-    Prefect's own handler raises TerminationSignal wherever the main thread happens to be (in the
-    middle of submitting a task, even inside a serializer that wraps it in another exception); this
-    one only sets ``stop`` and cancels the flow run, which every drain of the run, in any process,
-    sees within a second and stops between batches. The flow then reports as usual (exit 143).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            return
-        stop.set()
-        log_event("cancel_requested", run_id=flow_run_id, reason="sigterm")
-        # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
-        threading.Thread(target=contextvars.copy_context().run, args=(cancel_flow_run, flow_run_id),
-                         name="cancel-flow-run", daemon=True).start()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
-    try:
-        state = client.read_flow_run(UUID(flow_run_id)).state
-    except (PrefectHTTPStatusError, ObjectNotFound, OSError):
-        return False  # the API is briefly unreachable: the drain goes on, the next poll tries again
-    return state is not None and (state.is_cancelling() or state.is_cancelled())
-
-
-def flow_run_cancelling(flow_run_id: str) -> bool:
-    """Is the flow run being cancelled? (Asked once before a task starts: Prefect does not refuse to
-    start a task of a cancelling flow run.)"""
-    with get_client(sync_client=True) as client:
-        return _cancelling(client, flow_run_id)
-
-
-def cancel_flow_run(flow_run_id: str) -> None:
-    """Put the flow run in Cancelling, which every drain of the run sees within about a second."""
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(UUID(flow_run_id), Cancelling(message="stopped by SIGTERM"), force=True)
-
-
 # -- progress ---------------------------------------------------------------------------------------
 
 class RunProgress:
-    """One progress artifact for the run: the share of the backlog at the start that has been handled."""
+    """One progress artifact for the run: the share of the backlog at the start that has been handled.
+
+    It moves with every batch of any drain (``batch``, from the run's log lines, wherever the drain
+    runs) and is set right when a shard ends (``advance``, with what the shard turned out to hold).
+    ``batch`` only counts, under a lock; the artifact is written by ``publish`` and ``advance``,
+    never while that lock is held.
+    """
 
     def __init__(self, run_id: str, current_key: str, total: int) -> None:
+        self.run_id = run_id
+        self.unpublished = False  # the last update did not reach the API (logged once)
         self.total = total
         self.done = 0
+        self._lock = threading.Lock()
+        self._batched: dict[str, int] = {}  # per target: rows of batches whose shard has not ended
+        self._published: float | None = None
         self.title = f"pinrotate run {run_id}: rows moved to key {current_key}"
         self.operator = ""  # what the operator's throttle Variable says, when it says anything
         created = create_progress_artifact(progress=0.0 if total else 100.0, key=PROGRESS_KEY,
@@ -214,24 +161,60 @@ class RunProgress:
         log_event("throttle_operator", variable=variable, state=operator or "none")
         if self.artifact_id is not None:
             description = f"{self.title}; {variable}: {operator}" if operator else self.title
-            update_progress_artifact(artifact_id=self.artifact_id, progress=self.share, description=description)
+            self._update(progress=self.share, description=description)
 
     @property
     def share(self) -> float:
-        return round(100.0 * min(1.0, self.done / self.total), 1) if self.total else 100.0
+        with self._lock:
+            handled = self.done + sum(self._batched.values())
+            return round(100.0 * min(1.0, handled / self.total), 1) if self.total else 100.0
 
-    def advance(self, rows: int, recount: int = 0) -> None:
-        """``rows`` more handled; ``recount``: what a shard held, counted, less its planned backlog."""
-        self.done += rows
-        self.total = max(0, self.total + recount)
-        if self.artifact_id is not None:
-            update_progress_artifact(artifact_id=self.artifact_id, progress=self.share)
+    def batch(self, target: str, rows: int) -> None:
+        """A batch of ``target`` handled ``rows`` rows (its shard has not ended yet)."""
+        with self._lock:
+            self._batched[target] = self._batched.get(target, 0) + rows
+
+    def advance(self, rows: int, recount: int = 0, target: str | None = None) -> None:
+        """A shard of ``target`` ended having handled ``rows``; ``recount``: what it held, counted,
+        less its planned backlog. Its batches counted so far are now in ``rows``."""
+        with self._lock:
+            self.done += rows
+            self.total = max(0, self.total + recount)
+            if target is not None:
+                self._batched[target] = max(0, self._batched.get(target, 0) - rows)
+        self.publish(force=True)
+
+    def publish(self, force: bool = False) -> None:
+        """Write the share to the artifact, if it changed (called every few seconds while draining)."""
+        share = self.share
+        if self.artifact_id is not None and (force or share != self._published):
+            self._published = share
+            self._update(progress=share)
+
+    def _update(self, **fields: Any) -> None:
+        # The artifact shows the run; it never stops it. An API that does not answer is the
+        # cancellation watch's to judge (see cancellation_watch).
+        assert self.artifact_id is not None
+        if orchestrator_lost(self.run_id):
+            return
+        try:
+            with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0,
+                                             PREFECT_API_REQUEST_TIMEOUT: API_POLL_TIMEOUT_S}):
+                update_progress_artifact(artifact_id=self.artifact_id, **fields)
+        except API_ERRORS as e:
+            if not self.unpublished:
+                log_event("progress_not_published", level=logging.WARNING, run_id=self.run_id,
+                          error=type(e).__name__)
+            self.unpublished = True
+        else:
+            self.unpublished = False
 
 
-# -- a clean Failed end -----------------------------------------------------------------------------
+# -- a clean Failed or Cancelled end ------------------------------------------------------------------
 
-class RunFailedClosed(PinrotateError):
-    """The data of a fail-closed run's Failed state: its message is counts and reasons only.
+class RunEndedWithReport(PinrotateError):
+    """The data of a run's Failed or Cancelled state: an exception (Prefect resolves such a state's
+    data into one, and a dict it cannot) whose message is counts and reasons only.
 
     The report travels with it for the in-process caller (the CLI, the demo); Prefect never
     persists it (the flow does not persist results).
@@ -245,23 +228,38 @@ class RunFailedClosed(PinrotateError):
         return (type(self), (str(self), self.report))
 
 
+class RunFailedClosed(RunEndedWithReport):
+    """A fail-closed stop: the data of the run's Failed state."""
+
+
+class RunCancelled(RunEndedWithReport):
+    """A cancellation (UI, API, SIGTERM) that stopped every drain between batches: the data of the
+    run's Cancelled state."""
+
+
 class ClusterUnavailable(PinrotateError):
     """The Dask cluster cannot be reached (``[job] dask_address``) or started: exit code 4, as for a
     database or key provider that cannot be reached; nothing was drained."""
 
 
 class _NoTracebackForFailClosed(logging.Filter):
-    """A fail-closed stop is an outcome, not a crash: Prefect's engine logs every Failed flow run as
-    an "unexpected exception" with a traceback; for ours it logs the one-line summary instead, and
-    for an error pinrotate raised on purpose (a cluster, database or key provider that cannot be
-    reached, say) its one-line message."""
+    """A fail-closed stop or a cancellation is an outcome, not a crash: Prefect's engine logs every
+    Failed or Cancelled flow run that a worker runs as an "unexpected exception" with a traceback.
+    For ours it logs the one-line summary instead (a cancellation at INFO: the operator asked for
+    it), and for an error pinrotate raised on purpose (a cluster, database or key provider that
+    cannot be reached, say) its one-line message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, PinrotateError):
+        if isinstance(exc, RunCancelled):
+            record.msg, record.args = "pinrotate run ended Cancelled: %s", (str(exc),)
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        elif isinstance(exc, PinrotateError):
             how = "stopped fail-closed: " if isinstance(exc, RunFailedClosed) else ""
             record.msg, record.args = "pinrotate run ended Failed: %s%s", (how, str(exc))
-            record.exc_info, record.exc_text = None, None
+        else:
+            return True
+        record.exc_info, record.exc_text = None, None
         return True
 
 

@@ -35,8 +35,9 @@ from tenacity import (
 )
 
 from flows import reports
-from flows.runtime import cancellation_watch, flow_run_cancelling
+from flows.api_watch import cancellation_watch, flow_run_cancelling, orchestrator_lost
 from flows.throttle import VariableThrottleControl
+from flows.worker_logs import drain_logging
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.db import database_url, make_engine
@@ -45,13 +46,14 @@ from pinrotate_core.drain import (
     STOP_DB_ERROR,
     STOP_DEADLINE,
     STOP_KEY_UNAVAILABLE,
+    STOP_ORCHESTRATOR_LOST,
     STOP_THROTTLE_CRITICAL,
     DrainResult,
     natural_id_order,
 )
-from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, RefusedToStart
+from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError, RefusedToStart
 from pinrotate_core.key_checks import STOP_KEY_MISMATCH, KeyIdentityMismatch
-from pinrotate_core.log import configure_stderr_logging, log_event
+from pinrotate_core.log import log_event
 from pinrotate_core.schemes.base import FailedRow
 
 DRAIN_ATTEMPTS = 4  # a retryable stop (an outage) is tried again with backoff, inside the task
@@ -120,7 +122,8 @@ def result_from_dict(d: dict[str, Any]) -> DrainResult:
     return DrainResult(**values)
 
 
-_STOP_ORDER = (STOP_KEY_MISMATCH, STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE)
+_STOP_ORDER = (STOP_KEY_MISMATCH, STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_ORCHESTRATOR_LOST,
+               STOP_CANCELLED, STOP_DEADLINE)
 # Scheme counts of values a drain leaves where they are: a later attempt over the same range passes
 # them again, so attempts take the largest count, not the sum (shards, over disjoint ranges, add up).
 _LEFT_IN_PLACE = frozenset({"unknown", "unknown_key", "legacy_left"})
@@ -258,10 +261,19 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     backoff, and the attempts' counts add up. A cancellation of the flow run, seen through the
     Prefect API, stops the drain between batches.
     """
-    configure_stderr_logging()
+    with drain_logging(spec.run_id):
+        return _drain_shard(spec, target, shard, id_range, rows, exact)
+
+
+def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, Any] | None, rows: int,
+                 exact: bool) -> dict[str, Any]:
     started_at = time.time()
     stop = threading.Event()
     attempts: list[DrainResult] = []
+    if orchestrator_lost(spec.run_id):  # another shard of this process found the Prefect API gone
+        return {**result_as_dict(stopped_result(target, spec, PinrotateError("the Prefect API stopped answering"),
+                                                STOP_ORCHESTRATOR_LOST, rows)), "shard": shard, "worker": _where(),
+                "orchestrator_lost": True}
     if flow_run_cancelling(spec.run_id):
         unstarted = DrainResult(target, spec.current_key or "", stopped=STOP_CANCELLED, dry_run=spec.dry_run,
                                 backlog_before=rows, backlog_remaining=rows)
@@ -272,6 +284,10 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
         try:
             with opened(spec, [target]) as ctx:
                 ctx.stop = stop
+                if isinstance(ctx.throttle_control, VariableThrottleControl):
+                    # Before the first batch and outside the throttle's lock; later reads run
+                    # in the background, and the drain goes on with the last value read.
+                    ctx.throttle_control.refresh()
                 # The first attempt starts from the planned backlog; a retry counts what is left.
                 planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
@@ -298,7 +314,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     def pause(seconds: float) -> None:
         stop.wait(seconds)  # a cancellation ends the pause at once
 
-    with cancellation_watch(spec.run_id, stop):
+    with cancellation_watch(spec.run_id, stop) as api:
         retrying = Retrying(stop=stop_after_attempt(DRAIN_ATTEMPTS) | stop_when_event_set(stop),
                             wait=wait_exponential_jitter(multiplier=2, max=30), retry=retry_if_result(worth_retrying),
                             sleep=pause, before_sleep=before_sleep, retry_error_callback=lambda s: None)
@@ -311,7 +327,7 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     # Where it ran (host:pid), for the per-shard table: names a process, never data. The wall-clock
     # start and end give a sharded target its elapsed time (shards overlap).
     return {**result_as_dict(merged), "shard": shard, "worker": _where(), "started": True,
-            "started_at": started_at, "ended_at": time.time()}
+            "started_at": started_at, "ended_at": time.time(), "orchestrator_lost": api.lost}
 
 
 def _run_before_by_a_lost_worker() -> bool:

@@ -46,6 +46,8 @@ STOP_DB_ERROR = "db_error"
 STOP_CANCELLED = "cancelled"
 STOP_DEADLINE = "deadline"
 STOP_THROTTLE_CRITICAL = "throttle_critical"  # a critical_* health limit was exceeded (exit 4)
+# The run's orchestrator (the flows' Prefect API) stopped answering: stopped between batches (exit 4).
+STOP_ORCHESTRATOR_LOST = "orchestrator_lost"
 
 MAX_SWEEPS = 5
 SAMPLE_SIZE = 64
@@ -132,7 +134,8 @@ class DrainResult:
     @property
     def fail_closed(self) -> bool:
         """True when the run must report exit code 4 for this target."""
-        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL) or bool(self.failed)
+        return (self.stopped in (STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_ORCHESTRATOR_LOST)
+                or bool(self.failed)
                 or self.conflicts > 0 or self.state_error is not None)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -121,6 +122,13 @@ def test_a_dask_run_drains_every_pin_profile_target_in_worker_processes(
     workers = {row["worker"].rsplit(":", 1)[1] for row in shards}
     assert shards and str(proc.pid) not in workers
     assert sum(r["reencrypted"] for r in shards if r["target"] == "Person") == 400
+    # The terminal shows every batch once (the workers leave their stderr to the flow, which logs
+    # their lines), and none of Dask's own INFO lines about starting and stopping its processes.
+    batch_lines = [line for line in err.splitlines() if "event=batch_processed" in line]
+    assert len(batch_lines) == sum(t["batches"] for t in doc["targets"].values()), err[-4000:]
+    assert len(set(batch_lines)) == len(batch_lines)
+    dask_info = [line for line in err.splitlines() if re.search(r"\bdistributed\.[\w.]+ - INFO - ", line)]
+    assert not dask_info, dask_info[:10]
 
 
 def test_a_worker_killed_mid_run_loses_nothing_and_a_rerun_completes(
@@ -274,3 +282,110 @@ def test_a_local_clusters_worker_processes_get_the_drain_friendly_settings() -> 
     # The preload reached the worker process: the heartbeat that races the cluster's close leaves no
     # traceback on a CLI user's terminal; every other error of the worker is still logged.
     assert (shutdown_heartbeat_logged, other_errors_logged) == (False, True)
+
+
+# -- an existing cluster: a scheduler and workers started as separate processes -------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dask(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(Path(sys.executable).parent / "dask"), *args], cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _wait_for_workers(address: str, n: int, timeout: float = 180) -> None:
+    from distributed import Client
+
+    with Client(address, timeout=timeout) as client:
+        client.wait_for_workers(n, timeout=timeout)
+
+
+def _progress_values(run_id: str) -> list[float]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return [float(a.data) for a in found if a.type == "progress" and a.data is not None]
+
+
+def _running_run_id(prefect_api: str, proc: subprocess.Popen[str], timeout: float = 240) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+            if running:
+                return str(running[0].id)
+            assert proc.poll() is None, f"the run ended before it was seen running: {proc.communicate()}"
+            time.sleep(0.2)
+    raise AssertionError("the run was not seen running")
+
+
+def test_with_an_existing_cluster_every_batch_reaches_the_cli_and_the_progress_artifact_moves_per_batch(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    """``dask scheduler`` and ``dask worker`` as an operator starts them, in processes of their own."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    scheduler = _dask(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], env,
+                      tmp_path / "scheduler.log")
+    workers = _dask(["worker", address, "--nthreads", "1", "--nworkers", "2", "--no-dashboard"], env,
+                    tmp_path / "workers.log")
+    try:
+        _wait_for_workers(address, 2)
+        # One shard per target (each under 2 x 25 batches), a few seconds each.
+        profile = seed_profile(primary_database_url, tmp_path, rows=400, batch_size=10, inter_batch_delay=0.05,
+                               task_runner="dask", max_degree_of_parallelism=2, dask_address=address)
+        proc = _start(profile, prefect_api)
+        try:
+            run_id = _running_run_id(prefect_api, proc)
+            seen: list[float] = []
+            while proc.poll() is None:
+                seen += _progress_values(run_id)
+                time.sleep(0.3)
+            code, doc, err = _finish(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        _stop(workers)
+        _stop(scheduler)
+    assert code == 0, err[-4000:]
+    assert doc["targets"]["Person"]["reencrypted"] == 400
+    # Every batch a worker committed is a line on the CLI's terminal, though no drain ran in its process.
+    shards = _shard_rows(prefect_api, doc["run_id"])
+    assert shards and str(proc.pid) not in {row["worker"].rsplit(":", 1)[1] for row in shards}
+    batch_lines = [line for line in err.splitlines() if "event=batch_processed" in line]
+    assert len(batch_lines) == sum(t["batches"] for t in doc["targets"].values()) > 4, err[-4000:]
+    assert {t for t in doc["targets"]} == {line.split("target=")[1].split()[0] for line in batch_lines}
+    # The workers keep their own log of it too.
+    assert "event=batch_processed" in (tmp_path / "workers.log").read_text(encoding="utf-8", errors="replace")
+    # The progress artifact moved between shard ends: it showed a share that no set of finished
+    # shards adds up to (each target is one shard here).
+    total = sum(t["reencrypted"] for t in doc["targets"].values())
+    sizes = [t["reencrypted"] for t in doc["targets"].values()]
+    shard_ends = {round(100.0 * sum(s for i, s in enumerate(sizes) if mask >> i & 1) / total, 1)
+                  for mask in range(1 << len(sizes))}
+    assert seen and seen[-1] == 100.0
+    assert set(seen) - shard_ends, f"the progress only moved when shards ended: {sorted(set(seen))}"

@@ -159,7 +159,7 @@ def test_a_prefect_variable_set_to_paused_stops_a_running_drain_and_clearing_it_
     assert on_new_key(pin) == PERSONS
 
 
-def test_the_variable_reader_caches_and_keeps_the_last_value_when_the_api_is_unreachable(
+def test_the_variable_reader_caches_reads_in_the_background_and_keeps_the_last_value_when_the_api_is_unreachable(
         prefect_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.variables import Variable
@@ -171,16 +171,23 @@ def test_the_variable_reader_caches_and_keeps_the_last_value_when_the_api_is_unr
     control = VariableThrottleControl(name, ttl=5.0, clock=lambda: now[0])
     Variable.set(name, {"paused": True, "batch_size": 50}, overwrite=True)
     try:
-        assert control() == {"paused": True, "batch_size": 50}
+        assert control.refresh() == {"paused": True, "batch_size": 50}
         Variable.set(name, {}, overwrite=True)
         now[0] = 1.0
         assert control() == {"paused": True, "batch_size": 50}  # cached for ttl seconds
+        control.wait_for_read()
+        assert control() == {"paused": True, "batch_size": 50}  # and no read was started
         now[0] = 6.0
+        # Past the ttl, a call still answers at once with the last value, and starts one read.
+        assert control() == {"paused": True, "batch_size": 50}
+        control.wait_for_read()
         assert control() == {}
         Variable.set(name, {"paused": True}, overwrite=True)
         # A Prefect API that cannot be reached: the last value read stays in force.
         with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
             now[0] = 12.0
+            assert control() == {}
+            control.wait_for_read()
             assert control() == {}
     finally:
         Variable.unset(name)
@@ -249,3 +256,24 @@ def test_a_batch_timeout_postgresql_would_read_as_none_or_refuse_is_refused_at_s
         pin: PinDb, setting: str, seconds: float) -> None:
     with pytest.raises(ConfigError, match=f"job.{setting}"):
         settings_from_mapping(pin.raw_settings(**{setting: seconds}), env={})
+
+
+def test_asking_for_the_variable_never_waits_on_an_api_that_does_not_answer(prefect_api: str) -> None:
+    """A listening socket that never answers: a drain's call returns at once, the read stays behind."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.throttle import VariableThrottleControl
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/api"
+        control = VariableThrottleControl(f"pinrotate_throttle_{uuid.uuid4().hex[:8]}", ttl=0.0)
+        with temporary_settings({PREFECT_API_URL: url}):
+            answers = [control() for _ in range(50)]
+            reader = control._reader
+    assert answers == [None] * 50
+    # The 50 calls were answered while the one read they started was still waiting on the socket.
+    assert reader is not None and reader.is_alive(), "the calls waited for the read"

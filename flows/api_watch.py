@@ -1,0 +1,243 @@
+"""The flow run's link to its Prefect API, from every process that drains: cancellation seen
+within about a second, SIGTERM turned into a cancellation, and an API that stops answering
+(retried with backoff, then counted lost: every drain stops between batches, exit 4).
+
+One record per process (``API_ABSENCE``) of how long the run's API has been away, shared by
+every watch in it; nothing else is kept between calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+from uuid import UUID
+
+import httpx
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+from prefect.states import Cancelling
+
+from pinrotate_core.errors import PinrotateError
+from pinrotate_core.log import log_event
+
+CANCEL_POLL_S = 1.0
+
+# -- cancellation, and an orchestrator that stops answering ---------------------------------------
+
+# What a call to the Prefect API raises when the API cannot be reached or answers with an error
+# (httpx.ConnectError is not an OSError; PrefectHTTPStatusError is an httpx.HTTPStatusError).
+API_ERRORS: tuple[type[BaseException], ...] = (httpx.HTTPError, OSError)
+# How long the Prefect API may stay unreachable before the run counts it lost: a server restart
+# or a network blip is shorter; meanwhile the drains go on with the last control they read.
+ORCHESTRATOR_GRACE_S = 30.0
+API_BACKOFF_MAX_S = 8.0
+
+
+API_POLL_TIMEOUT_S = 10.0
+
+
+@contextlib.contextmanager
+def polling_client() -> Iterator[SyncPrefectClient]:
+    """A Prefect client for the run's own polls: one attempt per call, bounded in time.
+
+    Prefect's client tries a refused connection six times with backoff (over a minute) and waits
+    60 s on a server that does not answer; a poll that fails is simply asked again later, by a
+    caller that knows how long the API has been away.
+    """
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: API_POLL_TIMEOUT_S}), \
+            get_client(sync_client=True) as client:
+        yield client
+
+
+class OrchestratorLost(PinrotateError):
+    """The Prefect API stopped answering for longer than ``ORCHESTRATOR_GRACE_S``: every drain
+    stopped between batches (committed batches stay); the run cannot report to Prefect (exit 4)."""
+
+
+class _ApiAbsence:
+    """Since when this process has found the Prefect API of a run unreachable, and which runs have
+    lost it: one record per process, shared by every watch of the run in it (the flow's, each
+    shard's), so that the grace counts from the first failure, not from each shard's start.
+
+    While the API is away, Prefect's own clients (its log and event workers) would print a line
+    per attempt; they are kept quiet then, as the watch's own lines say it once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}
+        self.lost: set[str] = set()
+
+    def failed(self, run_id: str, now: float) -> float:
+        """Seconds since the first failure of the current outage."""
+        with self._lock:
+            since = self._since.setdefault(run_id, now)
+            logging.raiseExceptions = False  # Prefect's log worker prints its failures only if set
+            return now - since
+
+    def answered(self, run_id: str) -> None:
+        with self._lock:
+            self._since.pop(run_id, None)
+            logging.raiseExceptions = not self._since and not self.lost
+
+    def away(self) -> bool:
+        return bool(self._since) or bool(self.lost)
+
+
+API_ABSENCE = _ApiAbsence()
+
+
+class _QuietWhileApiAway(logging.Filter):
+    """Prefect's own line per failed attempt to reach its API (events, logs), while it is away."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (API_ABSENCE.away() and record.levelno < logging.CRITICAL)
+
+
+def quiet_prefect_clients_while_api_away() -> None:
+    """Install the filter on the loggers of Prefect's background clients (idempotent)."""
+    for name in ("prefect.events.clients", "prefect._internal.concurrency", "prefect.events.worker"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietWhileApiAway) for f in logger.filters):
+            logger.addFilter(_QuietWhileApiAway())
+
+
+def orchestrator_lost(run_id: str) -> bool:
+    """Has a watch in this process found the run's Prefect API gone for good?"""
+    return run_id in API_ABSENCE.lost
+
+
+@dataclass
+class ApiWatch:
+    """What a cancellation watch saw of the Prefect API while the block ran."""
+
+    lost: bool = False
+
+
+@contextlib.contextmanager
+def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = CANCEL_POLL_S,
+                       grace: float = ORCHESTRATOR_GRACE_S) -> Iterator[ApiWatch]:
+    """While the block runs, poll the flow run's state and set ``stop`` once it is being cancelled.
+
+    Runs in every process that drains (the flow's, each Dask worker's): a cancellation from the UI,
+    the API or a SIGTERM to the CLI (which cancels the flow run) reaches every drain this way, and
+    each stops between batches. The thread runs in a copy of the caller's context, so that it talks
+    to the same Prefect API as the run does.
+
+    An API that does not answer is asked again with backoff while the drains go on; one that stays
+    unreachable for ``grace`` seconds is lost: ``stop`` is set and the yielded ``ApiWatch`` says so.
+    """
+    done = threading.Event()
+    seen = ApiWatch()
+
+    def poll() -> None:
+        wait = every
+        while not done.is_set():
+            if orchestrator_lost(flow_run_id):
+                seen.lost = True
+                stop.set()
+                return
+            try:
+                with polling_client() as client:
+                    # At once, then every `every` seconds: a short shard must not miss a cancellation.
+                    while not _cancelling(client, flow_run_id):
+                        if API_ABSENCE.away() and not orchestrator_lost(flow_run_id):
+                            API_ABSENCE.answered(flow_run_id)
+                            log_event("prefect_api_reachable", run_id=flow_run_id)
+                        wait = every
+                        if done.wait(every):
+                            return
+                log_event("cancel_requested", run_id=flow_run_id)
+                stop.set()
+                return
+            except API_ERRORS as e:
+                first = not API_ABSENCE.away()
+                away_s = API_ABSENCE.failed(flow_run_id, time.monotonic())
+                if first:
+                    log_event("prefect_api_unreachable", level=logging.WARNING, run_id=flow_run_id,
+                              error=type(e).__name__, gives_up_after_s=grace)
+                elif away_s >= grace:
+                    if not orchestrator_lost(flow_run_id):
+                        API_ABSENCE.lost.add(flow_run_id)
+                        log_event("prefect_api_lost", level=logging.ERROR, run_id=flow_run_id,
+                                  unreachable_s=round(away_s, 1))
+                    continue
+                wait = min(wait * 2, API_BACKOFF_MAX_S, max(every, grace - away_s))
+            if done.wait(wait):
+                return
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(poll,), name=f"cancel-watch-{flow_run_id[:8]}",
+                              daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+
+
+@contextlib.contextmanager
+def sigterm_cancels(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM cancels the flow run through the API.
+
+    Prefect's own handler raises TerminationSignal wherever the main thread happens to be (in the
+    middle of submitting a task, even inside a serializer that wraps it in another exception); this
+    one only sets ``stop`` and cancels the flow run, which every drain of the run, in any process,
+    sees within a second and stops between batches. The flow then reports as usual (exit 143).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        log_event("cancel_requested", run_id=flow_run_id, reason="sigterm")
+        # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
+        threading.Thread(target=contextvars.copy_context().run, args=(cancel_flow_run, flow_run_id),
+                         name="cancel-flow-run", daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
+    """Raises one of ``API_ERRORS`` when the API cannot say."""
+    try:
+        state = client.read_flow_run(UUID(flow_run_id)).state
+    except ObjectNotFound:
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def flow_run_cancelling(flow_run_id: str) -> bool:
+    """Is the flow run being cancelled? (Asked once before a task starts: Prefect does not refuse to
+    start a task of a cancelling flow run.) An API that cannot say is no: the task's own watch
+    keeps asking."""
+    try:
+        with polling_client() as client:
+            return _cancelling(client, flow_run_id)
+    except API_ERRORS:
+        return False
+
+
+def cancel_flow_run(flow_run_id: str) -> None:
+    """Put the flow run in Cancelling, which every drain of the run sees within about a second."""
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(UUID(flow_run_id), Cancelling(message="stopped by SIGTERM"), force=True)
+    except API_ERRORS as e:
+        # The drains of this process stop anyway (SIGTERM set their event); others see the API lost.
+        log_event("cancel_not_recorded", level=logging.WARNING, run_id=flow_run_id, error=type(e).__name__)
