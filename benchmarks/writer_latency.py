@@ -37,7 +37,7 @@ from pinrotate_core.config import DEFAULT_BATCH_TIME_TARGET, settings_from_mappi
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, DrainResult, drain_target
 from pinrotate_core.providers.file import FileKeyProvider
-from pinrotate_core.schemes import build_scheme
+from pinrotate_core.schemes.registry import build_scheme
 from pinrotate_core.targets import resolve_target
 from pinrotate_core.throttle import Throttle
 
