@@ -3,8 +3,9 @@
 A scheme knows its values (parse and classify them: category + key), which rows are stale, how to
 plan a batch (pure: rows in, writes and failures out; no SQL of its own, no I/O but the Rewrapper
 port of server-side schemes), which write guard it needs (a row lock, or compare-and-swap on the
-value read), and how long a value becomes once rewritten (capacity). It never imports the drain,
-the inventory or a key provider.
+value read), and how long a value becomes once rewritten (capacity). Its class (``SchemeClass``)
+checks the target's columns and the keyring when it binds; what only some schemes do is an optional
+protocol here, asked with ``isinstance``. It never imports the drain, the inventory or a key provider.
 """
 
 from __future__ import annotations
