@@ -65,10 +65,6 @@ class ToyScheme(IntegerVersions, RowLocked):
         self.target, self.keyring, self.kv = target, keyring, target.key_version
         self.current_key = keyring.current
 
-    @staticmethod
-    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
-        keyring.current_version  # noqa: B018 - ConfigError unless the current key is an integer version
-
     def _ref(self, name: str, alias: str | None) -> sql.Identifier:
         return sql.Identifier(alias, name) if alias else sql.Identifier(name)
 

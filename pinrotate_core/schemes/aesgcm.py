@@ -185,10 +185,6 @@ class AesGcmScheme(IntegerVersions, RowLocked):
         self.encodings = tuple(ColumnEncoding.for_column(c) for c in target.columns)
         self._kv = target.key_version
 
-    @staticmethod
-    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
-        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
-
     def _ident(self, column: str, alias: str | None) -> sql.Identifier:
         return sql.Identifier(alias, column) if alias else sql.Identifier(column)
 

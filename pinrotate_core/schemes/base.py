@@ -135,7 +135,6 @@ class RowLocked:
         return False  # the lock guard never misses
 
 
-
 class Scheme(Protocol):
     """One ciphertext scheme bound to one resolved target and the run's keyring."""
 
@@ -231,6 +230,10 @@ class LegacyMigration(Protocol):
 class IntegerVersions:
     """``OrderedKeys`` for integer key versions (``aesgcm``, ``vault-transit``): destroying a
     version retires that version only, unless a scheme says otherwise."""
+
+    @staticmethod
+    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
+        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
 
     @staticmethod
     def newer_than(key: str, current: str) -> bool:

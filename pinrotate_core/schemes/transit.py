@@ -213,10 +213,6 @@ class TransitScheme(IntegerVersions, RowLocked):
         self.oldest = keyring.min_decryption_version or 1
 
     @staticmethod
-    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
-        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
-
-    @staticmethod
     def retired_with(key: str, facts: Mapping[str, Any]) -> Callable[[str], bool]:
         """Destroying version N retires every version <= N that Transit still decrypts (raising
         ``min_decryption_version`` past N retires them all; the ones below it are UNKNOWN_KEY already)."""
