@@ -47,8 +47,8 @@ from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target, split_backlog
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.samples import pin_profile as presets
-from pinrotate_core.schemes import build_scheme
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
+from pinrotate_core.schemes.registry import build_scheme
 from pinrotate_core.targets import resolve_target
 
 PERSON = {"name": "Person", "table": "profile.persons", "key_version": "key_version",

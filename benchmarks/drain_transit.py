@@ -31,7 +31,7 @@ from pinrotate_core.config import VaultSettings, settings_from_mapping
 from pinrotate_core.db import make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target
 from pinrotate_core.providers.vault import DEFAULT_TRANSIT_ITEMS_PER_REQUEST, VaultTransitKeyProvider
-from pinrotate_core.schemes import build_scheme
+from pinrotate_core.schemes.registry import build_scheme
 from pinrotate_core.targets import resolve_target
 from tests.transit_helpers import transit_encrypt
 from tests.vault_server import BaoAdmin, BaoDevServer

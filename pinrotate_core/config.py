@@ -29,10 +29,10 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .errors import ConfigError
+from .schemes import DEFAULT_FORMAT, FORMATS, known_formats
 
 DEFAULT_CONFIG_NAME = "pinrotate.toml"
 TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-FORMATS = ("aesgcm", "fpc1", "vault-transit")
 # Forge's own default for its bootstrap keyring (design 003), used when provider = "forge".
 FORGE_BOOTSTRAP_FILE = "~/.forge/secrets/crypto.properties"
 # When neither batch_size nor batch_time_target is set, batches adapt towards this many seconds.
@@ -260,7 +260,7 @@ class TargetSettings(_Strict):
     id: str = "id"
     key_version: str | None = None
     columns: tuple[str, ...] = Field(min_length=1, strict=False)
-    format: Literal["aesgcm", "fpc1", "vault-transit"] = "aesgcm"
+    format: str = DEFAULT_FORMAT  # a name of schemes.FORMATS (its scheme registers it)
     require_not_null: tuple[str, ...] = Field(default=(), strict=False)
     tenant: str | None = None
     soft_delete: str | None = None
@@ -277,17 +277,27 @@ class TargetSettings(_Strict):
             raise ValueError("must be \"table\" or \"schema.table\"")
         return v
 
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        if name not in FORMATS:
+            raise ValueError(f"not a known format (known: {', '.join(known_formats())})")
+        return name
+
     @model_validator(mode="after")
     def _consistent(self) -> TargetSettings:
-        if self.format == "aesgcm" and not self.key_version:
-            raise ValueError("an aesgcm target needs key_version (the integer key-version column)")
+        rules = FORMATS[self.format]
+        if rules.needs_key_version and not self.key_version:
+            article = "an" if self.format[:1] in "aeiou" else "a"
+            raise ValueError(f"{article} {self.format} target needs key_version (the integer key-version column)")
         if len(set(self.columns)) != len(self.columns):
             raise ValueError("columns are listed twice")
         for col in self.json_paths:
             if col not in self.columns:
                 raise ValueError(f"json_paths names column {col} that is not in columns")
-        if self.json_paths and self.format != "fpc1":
-            raise ValueError("json_paths is supported for fpc1 targets only")
+        if self.json_paths and not rules.json_paths:
+            allowed = [name for name in known_formats() if FORMATS[name].json_paths]
+            raise ValueError(f"json_paths is supported for {' and '.join(allowed)} targets only")
         return self
 
     @property

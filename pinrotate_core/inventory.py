@@ -22,8 +22,8 @@ from .config import Settings, TargetSettings
 from .db import describe_db_error, raw_connection
 from .errors import ConfigError, DatabaseError, TargetBlocked
 from .keyring import Keyring
-from .schemes import build_scheme
-from .schemes.base import CATEGORIES, LEGACY_KEY, Scheme, ValueClass
+from .schemes.base import CATEGORIES, LEGACY_KEY, InventoryFacts, Scheme, ValueClass
+from .schemes.registry import build_scheme
 from .scope import exclusion_rule, scope_condition
 from .state import StateError, last_conflicts
 from .targets import ResolvedTarget, resolve_target
@@ -142,12 +142,12 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
                 if failed:
                     inv.add("FAILED")
                     _bump(inv.failed_by_key, value.key or LEGACY_KEY)
-    inv.extra.update(scheme.inventory_facts())
-    drift = scheme.drift_condition("t")
-    if drift is not None:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {scope} AND {drift}").format(
-            rel=target.relation, scope=scope, drift=drift)).fetchone()
-        inv.extra["transit_rows_behind_key_version"] = int(row[0]) if row else 0
+    if isinstance(scheme, InventoryFacts):
+        inv.extra.update(scheme.inventory_facts())
+        for fact, condition in scheme.counted_facts("t").items():
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {scope} AND {condition}").format(
+                rel=target.relation, scope=scope, condition=condition)).fetchone()
+            inv.extra[fact] = int(row[0]) if row else 0
     if scheme.guard == "cas":
         try:
             inv.counts["CONFLICT"] = last_conflicts(conn, t.name, tenant=tenant)

@@ -28,8 +28,8 @@ from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .schemes import build_scheme, check_keyring, write_guard
-from .schemes.base import DECRYPT_FAILED, Scheme
+from .schemes.base import DECRYPT_FAILED, LegacyMigration, Scheme
+from .schemes.registry import build_scheme, check_keyring, scheme_class, write_guard
 from .scope import check_tenant_scope
 from .state import StateError, ensure_conflicts_table, record_conflicts
 from .targets import resolve_target
@@ -99,10 +99,8 @@ def target_report(r: DrainResult) -> dict[str, Any]:
         "batches": r.batches,
         "duration_ms": round(r.duration_ms),
     }
-    # Format-specific counts (fpc1: values left as they are and why), when the result has them.
-    for extra in ("unknown", "unknown_key", "legacy_left"):
-        if getattr(r, extra, 0):
-            out[extra] = getattr(r, extra)
+    # The counts the target's scheme keeps in its plans (fpc1: values left as they are, and why).
+    out.update({name: n for name, n in r.counts.items() if n})
     if r.stopped:
         out["stopped"] = r.stopped
     if r.error:
@@ -190,7 +188,7 @@ def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
 
 
 def apply_key_policy(ctx: RunContext, keyring: Keyring) -> None:
-    """A key source that carries the fpc1 switches itself (Forge's settings) decides them for the run:
+    """A key source that carries the legacy-migration switches itself (Forge's settings) decides them:
     pinrotate refuses and reads legacy values exactly when Forge's own migration endpoint would."""
     if keyring.policy is None:
         return
@@ -205,17 +203,10 @@ def check_start(ctx: RunContext, keyring: Keyring) -> None:
         raise RefusedToStart(
             f"--expected-key-version {ctx.expected_key} is not the current key ({keyring.current}); nothing was touched")
     check_keyring(formats, keyring, ctx.settings.keys)
-    if "fpc1" in formats and not ctx.dry_run:
-        policy = keyring.policy
-        if policy is not None and not policy.enabled:
-            raise RefusedToStart(f"{policy.enabled_setting} is false: Forge does not use its persistent keyring;"
-                                 " refusing to migrate (a --dry-run is allowed)")
-        if not ctx.settings.keys.write_versioned:
-            setting = policy.write_versioned_setting if policy is not None else "keys.write_versioned"
-            raise RefusedToStart(f"{setting} is false: refusing to migrate until every writer writes FPC1"
-                                 " (a --dry-run is allowed)")
-        if ctx.expected_key is None:
-            raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
+    if not ctx.dry_run:  # what a scheme asks of a run that writes (fpc1: Forge's migration preconditions)
+        for scheme in map(scheme_class, sorted(formats)):
+            if isinstance(scheme, LegacyMigration):
+                scheme.check_start(ctx.settings.keys, keyring, ctx.expected_key)
 
 
 def resolve_all(ctx: RunContext) -> dict[str, Scheme]:

@@ -17,9 +17,9 @@ from psycopg import sql
 from .config import TargetSettings
 from .errors import DatabaseError, TargetBlocked
 
-CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar"}
+# Column types any scheme may keep ciphertexts in; each scheme narrows them (e.g. fpc1: no bytea).
+CIPHER_TYPES = {"bytea", "text", "varchar", "bpchar", "json", "jsonb"}
 INTEGER_TYPES = {"int2", "int4", "int8", "numeric"}
-FPC1_TYPES = {"text", "varchar", "json", "jsonb"}
 # Primary key types the drain pages and shards by: the driver reads and binds them as the server's
 # own type, so every range (id > last, a shard's (lo, hi]) is compared by the server's order (a text
 # key's collation included). Others (citext, a domain, an enum) would be read back as bare text and
@@ -126,7 +126,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             raise TargetBlocked(t.name, f"key_version column {t.key_version} is {key_version.sql_type}, not an integer")
     cipher_cols = tuple(need(c, "cipher") for c in t.columns)
     for c in cipher_cols:
-        if c.type_name not in CIPHER_TYPES and c.type_name not in ("json", "jsonb"):
+        if c.type_name not in CIPHER_TYPES:
             raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; expected bytea, text or varchar")
     for name in t.require_not_null:
         need(name, "require_not_null")
@@ -134,17 +134,6 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         need(t.tenant, "tenant")
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
-    if t.format == "aesgcm" and any(c.type_name in ("json", "jsonb") for c in cipher_cols):
-        raise TargetBlocked(t.name, "aesgcm cipher columns must be bytea or text")
-    if t.format == "fpc1":
-        # FPC1 is text: bytea cannot hold it as written, char(n) would pad it with blanks.
-        for c in cipher_cols:
-            if c.type_name not in FPC1_TYPES:
-                raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; fpc1 needs text, varchar(n), "
-                                            "json or jsonb")
-            if c.type_name in ("json", "jsonb") and not t.json_paths.get(c.name):
-                raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}: name its encrypted fields "
-                                            "in json_paths")
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
     _check_privileges(conn, t, oid, written if writing else [])
     # The room a value needs after rewriting depends on the data and the current key:

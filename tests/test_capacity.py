@@ -24,8 +24,8 @@ from pinrotate_core.db import raw_connection
 from pinrotate_core.drain import STOP_DB_ERROR, Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.gate import retire_gate
-from pinrotate_core.schemes import build_scheme
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
+from pinrotate_core.schemes.registry import build_scheme
 from pinrotate_core.schemes.transit import transit_version
 from pinrotate_core.targets import resolve_target
 

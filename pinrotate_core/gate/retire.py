@@ -24,7 +24,8 @@ from ..key_checks import confirm_key_identity
 from ..keyring import Keyring
 from ..log import log_event
 from ..providers import KeyProvider, build_provider
-from ..schemes.base import LEGACY_KEY
+from ..schemes.base import LEGACY_KEY, LegacyMigration
+from ..schemes.registry import scheme_class
 from ..scope import check_tenant_scope
 from .discover import apply_discovery, discover_outside_targets, outside_targets, sweep_for_run
 from .settle import apply_settled, mark_before_reads, settle_open_verdict
@@ -104,9 +105,9 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
     target the run did not drain counts what the inventory and ``pinrotate.conflicts`` say.
     """
     # Every key `gate --retire` would answer about (Transit: every older version it still decrypts);
-    # legacy only when some configured target is fpc1.
+    # legacy only when some configured target's scheme migrates legacy values (fpc1).
     keys = [k for k in held_keys(keyring) if k != keyring.current]
-    if not any(t.format == "fpc1" for t in settings.targets):
+    if not any(isinstance(scheme_class(t.format), LegacyMigration) for t in settings.targets):
         keys = [k for k in keys if k != LEGACY_KEY]
 
     def look() -> dict[str, GateReport]:

@@ -20,11 +20,11 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..inventory import Inventory, TargetInventory
-from ..keyring import Keyring, is_version
-from ..schemes.base import LEGACY_KEY
+from ..keyring import Keyring, sort_key
+from ..schemes.base import LEGACY_KEY, OrderedKeys
+from ..schemes.registry import scheme_class
 
 ALWAYS_BLOCKING = ("UNKNOWN", "UNKNOWN_KEY", "BLOCKED", "FAILED", "CONFLICT")
-TRANSIT = "vault-transit"
 
 
 @dataclass
@@ -119,25 +119,29 @@ def application_version() -> str:
         return "pinrotate (not installed)"
 
 
-def on_key_category(key: str, current: str) -> str:
+def key_order(format_name: str) -> OrderedKeys | None:
+    """The key order of a format's scheme, when its keys are ordered versions (asked by name: the
+    verdict works from inventory counts, not from bound schemes)."""
+    scheme = scheme_class(format_name)
+    return scheme if isinstance(scheme, OrderedKeys) else None
+
+
+def on_key_category(key: str, current: str, order: OrderedKeys | None = None) -> str:
     """The inventory category of values that sit on ``key`` when ``current`` is current."""
     if key == LEGACY_KEY:
         return "LEGACY"
     if key == current:
         return "ACTIVE"
-    if is_version(key) and is_version(current) and int(key) > int(current):
+    if order is not None and order.newer_than(key, current):
         return "NEWER"
     return "HISTORICAL"
 
 
 def retired_with(inv: TargetInventory, key: str) -> Callable[[str], bool]:
-    """Which keys of a target's counts go when KEY is destroyed: KEY itself, and for ``vault-transit``
-    every version <= KEY that Transit still decrypts (raising ``min_decryption_version`` past KEY
-    retires them all; the versions below it are UNKNOWN_KEY already, which always blocks)."""
-    if inv.format == TRANSIT and is_version(key):
-        oldest = int(inv.extra.get("transit_min_decryption_version") or 0)
-        return lambda k: k == key or (is_version(k) and oldest <= int(k) < int(key))
-    return lambda k: k == key
+    """Which keys of a target's counts go when KEY is destroyed: KEY itself, and whatever else its
+    scheme says (``vault-transit``: every older version Transit still decrypts)."""
+    order = key_order(inv.format)
+    return order.retired_with(key, inv.extra) if order is not None else (lambda k: k == key)
 
 
 def target_blocking(inv: TargetInventory, key: str, current: str, *,
@@ -150,8 +154,9 @@ def target_blocking(inv: TargetInventory, key: str, current: str, *,
         on_key = {LEGACY_KEY: inv.counts["LEGACY"]}
     else:
         on_key = {k: n for k, n in inv.by_key.items() if retired(k)}
+    order = key_order(inv.format)
     for k, n in on_key.items():
-        category = on_key_category(k, current)
+        category = on_key_category(k, current, order)
         blocking[category] = blocking.get(category, 0) + n
     by_rule = {rule: n for rule, keys in sorted(inv.excluded_by_rule.items())
                if (n := sum(c for k, c in keys.items() if retired(k)))}
@@ -159,8 +164,8 @@ def target_blocking(inv: TargetInventory, key: str, current: str, *,
     blocking["EXCLUDED"] = 0 if erase_excluded else excluded
     entry: dict[str, Any] = {"on_key": sum(on_key.values()), "blocking": {c: n for c, n in blocking.items() if n},
                              "excluded_on_key": excluded, "excluded_by_rule": by_rule}
-    if inv.format == TRANSIT and len(on_key) > 1:
-        entry["on_versions"] = {k: n for k, n in sorted(on_key.items(), key=lambda kv: int(kv[0])) if n}
+    if len(on_key) > 1:  # destroying KEY retires older versions too (vault-transit)
+        entry["on_versions"] = {k: n for k, n in sorted(on_key.items(), key=lambda kv: sort_key(kv[0])) if n}
     return entry
 
 
@@ -181,7 +186,7 @@ def evaluate_gate(inventory: Inventory, key: str, conflicts: Mapping[str, int] |
             totals[cat] = totals.get(cat, 0) + n
         if inv.blocked_reason:
             entry["blocked_reason"] = inv.blocked_reason
-        entry.update({k: v for k, v in inv.extra.items() if k.startswith("transit_") or k == "tenants"})
+        entry.update(inv.extra)  # the scheme's inventory facts (vault-transit: its versions), tenants
         per_target[name] = entry
     for cat in (*ALWAYS_BLOCKING, "EXCLUDED"):
         totals.setdefault(cat, 0)

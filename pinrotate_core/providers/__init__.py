@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import ConfigError
 from ..keyring import Keyring
+from ..schemes.base import LegacyMigration, OrderedKeys
+from ..schemes.registry import scheme_class
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -34,8 +36,11 @@ class KeyringAdmin(KeyProvider, Protocol):
 
 
 def keyring_style(settings: Settings) -> str:
-    """``fpc1`` when every target is fpc1 (named 16-byte keys), else ``aesgcm`` (integer versions)."""
-    return "fpc1" if all(t.format == "fpc1" for t in settings.targets) else "aesgcm"
+    """The keys a keyring pinrotate adds to holds (the style's name is kept in ``pinrotate.key_checks``):
+    ``aesgcm`` (integer versions) when some target's scheme orders its keys by version, else ``fpc1``
+    (named 16-byte keys)."""
+    ordered = any(isinstance(scheme_class(t.format), OrderedKeys) for t in settings.targets)
+    return "aesgcm" if ordered else "fpc1"
 
 
 def build_provider(settings: Settings, *, create_keyring: bool = False) -> KeyProvider:
@@ -58,7 +63,8 @@ def build_provider(settings: Settings, *, create_keyring: bool = False) -> KeyPr
     if keys.provider == "forge":
         from .forge import ForgeKeyProvider
 
-        other = [t for t in settings.targets if t.format != "fpc1"]
+        # Forge's keyring (its legacy key and switches included) serves the scheme that migrates Forge's values.
+        other = [t for t in settings.targets if not isinstance(scheme_class(t.format), LegacyMigration)]
         if other:
             raise ConfigError(f"keys.provider = forge: Forge's keyring serves fpc1 targets only; target"
                               f" {other[0].name} has format {other[0].format}")

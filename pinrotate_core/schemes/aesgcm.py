@@ -12,15 +12,16 @@ import base64
 import binascii
 import enum
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from psycopg import sql
 
 from .._primitives import AesGcm
-from ..errors import CiphertextInvalid, KeyUnavailable, VerificationFailed
+from ..config import KeysSettings
+from ..errors import CiphertextInvalid, KeyUnavailable, TargetBlocked, VerificationFailed
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, RowLocked, ValueClass, Write
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, RowLocked, ValueClass, Write
 
 __all__ = ["AesGcmCipherSet", "AesGcmScheme", "ColumnEncoding", "classify_version", "plan_aesgcm_batch"]
 
@@ -167,13 +168,15 @@ def classify_version(key_id: str | None, keyring: Keyring) -> ValueClass:
     return ValueClass("ACTIVE" if v == current else ("HISTORICAL" if v < current else "NEWER"), key_id)
 
 
-class AesGcmScheme(RowLocked):
+class AesGcmScheme(IntegerVersions, RowLocked):
     """``aesgcm`` bound to one target and the run's keyring (see the module docstring)."""
 
-    name = "aesgcm"
+    name: ClassVar[str] = "aesgcm"
 
-    def __init__(self, target: ResolvedTarget, keyring: Keyring) -> None:
+    def __init__(self, target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, provider: object = None) -> None:
         assert target.key_version is not None, "aesgcm targets are validated to have key_version"
+        if any(c.type_name in ("json", "jsonb") for c in target.columns):
+            raise TargetBlocked(target.name, "aesgcm cipher columns must be bytea or text")
         self.target = target
         self.keyring = keyring
         self.current = keyring.current_version

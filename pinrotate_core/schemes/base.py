@@ -3,18 +3,21 @@
 A scheme knows its values (parse and classify them: category + key), which rows are stale, how to
 plan a batch (pure: rows in, writes and failures out; no SQL of its own, no I/O but the Rewrapper
 port of server-side schemes), which write guard it needs (a row lock, or compare-and-swap on the
-value read), and how long a value becomes once rewritten (capacity). It never imports the drain,
-the inventory or a key provider.
+value read), and how long a value becomes once rewritten (capacity). Its class (``SchemeClass``)
+checks the target's columns and the keyring when it binds; what only some schemes do is an optional
+protocol here, asked with ``isinstance``. It never imports the drain, the inventory or a key provider.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Final, Literal, Protocol, runtime_checkable
 
 from psycopg import sql
 
+from ..config import KeysSettings
+from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
 
 DECRYPT_FAILED: Final = "decrypt_failed"
@@ -122,7 +125,7 @@ class RowLocked:
     """What row-locked, row-counting schemes (``aesgcm``, ``vault-transit``) share: rows are locked
     while read and written, each stale row counts once, there is no CAS miss to settle."""
 
-    guard: WriteGuard = "lock"
+    guard: ClassVar[WriteGuard] = "lock"
     counts_values = False
 
     def stale_values(self, row: Sequence[Any]) -> int:
@@ -131,18 +134,12 @@ class RowLocked:
     def settled(self, column: Column, read: Any, now: Any) -> bool:
         return False  # the lock guard never misses
 
-    def inventory_facts(self) -> dict[str, Any]:
-        return {}
-
-    def drift_condition(self, alias: str) -> sql.Composable | None:
-        return None
-
 
 class Scheme(Protocol):
     """One ciphertext scheme bound to one resolved target and the run's keyring."""
 
-    name: str
-    guard: WriteGuard
+    name: ClassVar[str]
+    guard: ClassVar[WriteGuard]
     counts_values: bool  # True: reports count values (fpc1); False: rows
     target: ResolvedTarget
     current_key: str
@@ -182,8 +179,66 @@ class Scheme(Protocol):
     def length_after(self, column: Column, stored: Any) -> int | None:
         """Characters a stored value of ``column`` will have once rewritten; None: never rewritten."""
 
-    def inventory_facts(self) -> dict[str, Any]:
-        """Scheme facts the inventory reports as they are (e.g. Transit's latest version)."""
 
-    def drift_condition(self, alias: str) -> sql.Composable | None:
-        """Rows the drain would not select although a value is stale (counted, reported); None: none."""
+class SchemeClass(Protocol):
+    """What the registry holds for a format: the class, built bound to one target (validating the
+    target's columns and the keyring then), and what the run asks of it before any target is read."""
+
+    name: str
+    guard: WriteGuard
+
+    def __call__(self, target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, provider: object, /) -> Scheme:
+        """Bind to ``target``; ``TargetBlocked`` when its columns cannot hold this scheme's values."""
+
+    def check_keyring(self, keyring: Keyring, keys: KeysSettings) -> None:
+        """``ConfigError`` when this scheme cannot use the keyring (before any target is read)."""
+
+
+# Optional protocols: what only some schemes do. The generic code asks with isinstance().
+
+@runtime_checkable
+class InventoryFacts(Protocol):
+    """A bound scheme that adds facts to its target's inventory (vault-transit: its versions)."""
+
+    def inventory_facts(self) -> dict[str, Any]:
+        """Facts reported as they are."""
+
+    def counted_facts(self, alias: str) -> dict[str, sql.Composable]:
+        """Facts counted over the in-scope rows: name -> condition on a row (``alias``)."""
+
+
+@runtime_checkable
+class OrderedKeys(Protocol):
+    """A scheme class whose keys are versions in order (the gate asks it by format name)."""
+
+    def newer_than(self, key: str, current: str) -> bool:
+        """Is ``key`` above ``current`` (its values are NEWER: a key rolled back)?"""
+
+    def retired_with(self, key: str, facts: Mapping[str, Any]) -> Callable[[str], bool]:
+        """Which keys destroying ``key`` retires (``facts``: the target's inventory facts)."""
+
+
+@runtime_checkable
+class LegacyMigration(Protocol):
+    """A scheme class that also migrates unversioned legacy values (the keyring's legacy key is one of
+    its keys) and refuses a writing run until the application writes the versioned form."""
+
+    def check_start(self, keys: KeysSettings, keyring: Keyring, expected_key: str | None) -> None:
+        """``RefusedToStart`` when a run that writes must not start."""
+
+
+class IntegerVersions:
+    """``OrderedKeys`` for integer key versions (``aesgcm``, ``vault-transit``): destroying a
+    version retires that version only, unless a scheme says otherwise."""
+
+    @staticmethod
+    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
+        keyring.current_version  # noqa: B018 - raises ConfigError when current is not an integer version
+
+    @staticmethod
+    def newer_than(key: str, current: str) -> bool:
+        return is_version(key) and is_version(current) and int(key) > int(current)
+
+    @staticmethod
+    def retired_with(key: str, facts: Mapping[str, Any]) -> Callable[[str], bool]:
+        return lambda k: k == key

@@ -13,11 +13,12 @@ contains a value, a plaintext or a key.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar, Final
 
 from psycopg import sql
 
-from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, VerificationFailed
+from ..config import KeysSettings
+from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, RefusedToStart, TargetBlocked, VerificationFailed
 from ..keyring import Keyring
 from ..targets import Column, ResolvedTarget
 from ._json_paths import replace_json_values
@@ -35,7 +36,6 @@ from .base import (
 )
 from .fpc1_values import (
     ALGORITHMS,
-    DEFAULT_LEGACY_FORMAT,
     FPC1_OVERHEAD,
     JSON_REWRITE_REFUSED,
     MAX_PAYLOAD_GROWTH,
@@ -53,6 +53,9 @@ from .fpc1_values import (
     values_of_column,
 )
 
+# Column types an FPC1 value is stored in: bytea cannot hold it as written, char(n) would pad it with blanks.
+TEXT_TYPES: Final = frozenset({"text", "varchar", "json", "jsonb"})
+
 
 class Fpc1Scheme:
     """``fpc1`` bound to one target and the run's keyring (see the module docstring).
@@ -65,23 +68,54 @@ class Fpc1Scheme:
     ``decrypt_failed``. A JSON column is rewritten once, with every field of it that moves.
     """
 
-    name = "fpc1"
-    guard: WriteGuard = "cas"
+    name: ClassVar[str] = "fpc1"
+    guard: ClassVar[WriteGuard] = "cas"
     counts_values = True
 
-    def __init__(self, target: ResolvedTarget, keyring: Keyring, *, legacy_format: str = DEFAULT_LEGACY_FORMAT,
-                 legacy_read_enabled: bool = False, legacy_plaintext: LegacyPlaintext = "utf8") -> None:
+    def __init__(self, target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, provider: object = None) -> None:
+        reason = self.check_columns(target)
+        if reason is not None:
+            raise TargetBlocked(target.name, reason)
         self.target = target
         self.keyring = keyring
         self.current_key = keyring.current
-        self.legacy_format: LegacyFormat = check_legacy_format(legacy_format)
-        self.legacy_read_enabled = legacy_read_enabled
-        self.legacy_plaintext: LegacyPlaintext = legacy_plaintext
+        self.legacy_format: LegacyFormat = check_legacy_format(keys.legacy_format)
+        self.legacy_read_enabled = keys.legacy_read_enabled
+        self.legacy_plaintext: LegacyPlaintext = keys.legacy_plaintext
         # Built now: a keyring fpc1 cannot use (bad key length or id) stops the start.
         self._ciphers: dict[Algorithm, Fpc1CipherSet] = {"AES-GCM": self._cipher_set("AES-GCM")}
         self._paths = {c.name: tuple(target.settings.json_paths.get(c.name, ())) for c in target.columns}
         self._active_prefixes = [f"{PREFIX}:{a}:{keyring.current}:" for a in ALGORITHMS]
         self._deep_ciphers: Fpc1CipherSet | None = None
+
+    @staticmethod
+    def check_columns(target: ResolvedTarget) -> str | None:
+        for c in target.columns:
+            if c.type_name not in TEXT_TYPES:
+                return f"cipher column {c.name} is {c.sql_type}; fpc1 needs text, varchar(n), json or jsonb"
+            if c.type_name in ("json", "jsonb") and not target.settings.json_paths.get(c.name):
+                return f"cipher column {c.name} is {c.sql_type}: name its encrypted fields in json_paths"
+        return None
+
+    @staticmethod
+    def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
+        # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
+        Fpc1CipherSet(keyring, legacy_format=keys.legacy_format)
+
+    @staticmethod
+    def check_start(keys: KeysSettings, keyring: Keyring, expected_key: str | None) -> None:
+        """Forge's migration preconditions, for a run that writes: Forge uses its persistent keyring,
+        every writer writes FPC1 already, and the run names the key it expects to be active."""
+        policy = keyring.policy
+        if policy is not None and not policy.enabled:
+            raise RefusedToStart(f"{policy.enabled_setting} is false: Forge does not use its persistent keyring;"
+                                 " refusing to migrate (a --dry-run is allowed)")
+        if not keys.write_versioned:
+            setting = policy.write_versioned_setting if policy is not None else "keys.write_versioned"
+            raise RefusedToStart(f"{setting} is false: refusing to migrate until every writer writes FPC1"
+                                 " (a --dry-run is allowed)")
+        if expected_key is None:
+            raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
 
     def _cipher_set(self, algorithm: Algorithm, *, legacy_read_enabled: bool | None = None) -> Fpc1CipherSet:
         enabled = self.legacy_read_enabled if legacy_read_enabled is None else legacy_read_enabled
@@ -151,11 +185,12 @@ class Fpc1Scheme:
                 replacements: dict[str | None, str] = {}
                 for value_field, stored in self.values(column, text):
                     value = self.classify(stored)
-                    if value.category in ("ACTIVE", "UNKNOWN"):
-                        plan.count(value.category.lower())
+                    if value.category == "ACTIVE":
+                        continue
+                    if value.category == "UNKNOWN":
+                        plan.count("unknown")
                         continue
                     assert stored is not None
-                    plan.count("stale")
                     if value.category == "LEGACY" and not self.legacy_read_enabled:
                         plan.count("legacy_left")
                         continue
@@ -274,9 +309,3 @@ class Fpc1Scheme:
                 growth += after - len(value)
                 changed = True
         return len(text) + growth if changed else None
-
-    def inventory_facts(self) -> dict[str, Any]:
-        return {}
-
-    def drift_condition(self, alias: str) -> sql.Composable | None:
-        return None

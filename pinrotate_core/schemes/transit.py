@@ -12,16 +12,17 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from psycopg import sql
 
-from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, TransitValuesInvalid
-from ..keyring import Keyring
+from ..config import KeysSettings
+from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, TargetBlocked, TransitValuesInvalid
+from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, Rewrapper, RowLocked, ValueClass, Write
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, Rewrapper, RowLocked, ValueClass, Write
 
 PREFIX: Final = "vault:v"
 # Version: a positive integer without leading zeros, as Transit writes it.
@@ -192,24 +193,33 @@ def classify_transit_version(version: int, current: int, min_decryption_version:
     return "HISTORICAL" if version >= min_decryption_version else "UNKNOWN_KEY"
 
 
-class TransitScheme(RowLocked):
+class TransitScheme(IntegerVersions, RowLocked):
     """``vault-transit`` bound to one target, the run's keyring and the provider's rewrap port."""
 
-    name = "vault-transit"
+    name: ClassVar[str] = "vault-transit"
 
-    def __init__(self, target: ResolvedTarget, keyring: Keyring, rewrapper: object) -> None:
+    def __init__(self, target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, rewrapper: object) -> None:
         if not isinstance(rewrapper, Rewrapper) or not keyring.server_side:
             raise ConfigError(f"target {target.name}: format vault-transit needs keys.provider = vault-transit")
         odd = [c.name for c in target.columns if c.type_name not in TRANSIT_COLUMN_TYPES]
         if odd:
-            raise ConfigError(f"target {target.name}: vault-transit cipher columns must be text, varchar or bytea "
-                              f"({', '.join(odd)} is not)")
+            raise TargetBlocked(target.name, f"vault-transit cipher columns must be text, varchar or bytea "
+                                             f"({', '.join(odd)} is not)")
         self.target = target
         self.keyring = keyring
         self.rewrapper = rewrapper
         self.current = keyring.current_version
         self.current_key = keyring.current
         self.oldest = keyring.min_decryption_version or 1
+
+    @staticmethod
+    def retired_with(key: str, facts: Mapping[str, Any]) -> Callable[[str], bool]:
+        """Destroying version N retires every version <= N that Transit still decrypts (raising
+        ``min_decryption_version`` past N retires them all; the ones below it are UNKNOWN_KEY already)."""
+        if not is_version(key):
+            return lambda k: k == key
+        oldest = int(facts.get("transit_min_decryption_version") or 0)
+        return lambda k: k == key or (is_version(k) and oldest <= int(k) < int(key))
 
     def _ref(self, name: str, alias: str | None) -> sql.Identifier:
         return sql.Identifier(alias, name) if alias else sql.Identifier(name)
@@ -275,11 +285,12 @@ class TransitScheme(RowLocked):
     def inventory_facts(self) -> dict[str, Any]:
         return {"transit_latest_version": self.current, "transit_min_decryption_version": self.oldest}
 
-    def drift_condition(self, alias: str) -> sql.Composable | None:
+    def counted_facts(self, alias: str) -> dict[str, sql.Composable]:
         """Rows whose key-version column already says current while a value is older: the drain
-        selects by that column and would not take them (``transit_rows_behind_key_version``)."""
+        selects by that column and would not take them."""
         kv = self.target.key_version
         if kv is None:
-            return None
-        return sql.SQL("{} >= {} AND {} < {}").format(self._ref(kv.name, alias), sql.Literal(self.current),
-                                                      self.lowest_version_sql(alias), sql.Literal(self.current))
+            return {}
+        behind = sql.SQL("{} >= {} AND {} < {}").format(self._ref(kv.name, alias), sql.Literal(self.current),
+                                                        self.lowest_version_sql(alias), sql.Literal(self.current))
+        return {"transit_rows_behind_key_version": behind}
