@@ -183,13 +183,13 @@ def test_a_format_nobody_registered_is_refused_naming_every_known_one(database_u
     with pytest.raises(ConfigError) as refused:
         settings_from_mapping({"database": {"url": database_url}, "targets": [
             {"name": "T", "table": "t", "key_version": "kv", "columns": ["c"], "format": "rot13"}]}, env={})
-    assert str(refused.value).startswith("configuration: targets[0].format: not a known format (known: "
+    assert str(refused.value).startswith("configuration: target \"T\": format: not a known format (known: "
                                          f"{', '.join(known_formats())})")
     assert {"aesgcm", "fpc1", "vault-transit", TOY} <= set(known_formats())
 
 
 def test_the_registered_toy_rules_reach_the_settings_and_a_name_is_never_taken_twice() -> None:
-    with pytest.raises(ConfigError, match="targets\\[0\\]: a toy-gcm target needs key_version"):
+    with pytest.raises(ConfigError, match="target \"T\": a toy-gcm target needs key_version"):
         settings_from_mapping({"targets": [{"name": "T", "table": "t", "columns": ["c"], "format": TOY}]}, env={})
 
     class Impostor(ToyScheme):
