@@ -126,39 +126,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.format_usage(), f"{self.prog}: {message}")
 
 
-# Options every command takes, accepted before the command as well as after it.
-GLOBAL_FLAGS = ("--json",)
-GLOBAL_WITH_VALUE = ("--config",)
-
-
-def hoist_global_options(argv: Sequence[str]) -> list[str]:
-    """``[--config X] [--json] [COMMAND ...]`` as ``COMMAND ... --config X --json``, ``run`` when no
-    command is given: argparse only reads a subcommand's options after the subcommand."""
-    argv = list(argv)
-    leading: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in GLOBAL_FLAGS or any(arg.startswith(opt + "=") for opt in GLOBAL_WITH_VALUE):
-            leading.append(arg)
-            i += 1
-        elif arg in GLOBAL_WITH_VALUE:
-            leading += argv[i:i + 2]
-            i += 2
-        else:
-            break
-    rest = argv[i:]
-    # No command means `run`: `python -m flows.rotate --json` is `run --json`.
-    if not rest or (rest[0].startswith("-") and rest[0] not in ("-h", "--help")):
-        rest = ["run", *rest]
-    if rest[0] in ("-h", "--help"):
-        return [*leading, *rest]
-    return [*rest, *leading]
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The parsed command line; raises ``UsageError`` (never exits) when argparse refuses it."""
-    ns = build_parser().parse_args(hoist_global_options(argv))
+    """The parsed command line; raises ``UsageError`` (never exits) when argparse refuses it.
+
+    ``--config`` and ``--json`` belong to the top parser and to every command (their default is
+    SUPPRESS, so a command's parser never overwrites a value given before the command). With no
+    command it is ``run``: a first pass finds no command, the second reads ``run`` and the rest.
+    """
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    ns = parser.parse_args(argv if first.command is not None else ["run", *argv])
     ns.config = getattr(ns, "config", None)
     ns.json = getattr(ns, "json", False)
     return ns

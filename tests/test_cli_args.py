@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flows.cli import UsageError, hoist_global_options, parse_args
+from flows.cli import UsageError, parse_args
 
 from .pinprofile import cli
 
@@ -31,16 +31,16 @@ def test_options_before_a_nested_command_reach_it() -> None:
     assert (ns.command, ns.retire, ns.ticket, ns.config) == ("gate", "1", "CHG-1", "g.toml")
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    ([], ["run"]),
-    (["--json"], ["run", "--json"]),
-    (["--config", "x", "--dry-run"], ["run", "--dry-run", "--config", "x"]),
-    (["--config", "x"], ["run", "--config", "x"]),
+@pytest.mark.parametrize(("argv", "config", "dry_run"), [
+    ([], None, False),
+    (["--json"], None, False),
+    (["--config", "x", "--dry-run"], "x", True),
+    (["--dry-run", "--config=x"], "x", True),
+    (["--config", "x"], "x", False),
 ])
-def test_run_stays_the_default_command(argv: list[str], expected: list[str]) -> None:
-    assert hoist_global_options(argv) == expected
+def test_run_stays_the_default_command(argv: list[str], config: str | None, dry_run: bool) -> None:
     ns = parse_args(argv)
-    assert ns.command == "run"
+    assert (ns.command, ns.config, ns.dry_run, ns.json) == ("run", config, dry_run, "--json" in argv)
 
 
 def test_a_usage_error_raises_instead_of_exiting() -> None:
