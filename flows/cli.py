@@ -243,7 +243,7 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 
 def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
-    from flows.rotate_flow import RunOutcome, run_flow
+    from flows.flow import RunOutcome, run_flow
 
     install_stop_handlers()
 

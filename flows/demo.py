@@ -87,7 +87,7 @@ def run(ns: argparse.Namespace) -> int:
         config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, source=str(config_path))
 
-        from flows.rotate_flow import run_flow
+        from flows.flow import run_flow
 
         outcome = run_flow(config_path=str(config_path), dry_run=False, targets=None, tenant=None,
                            expected_key_version=None)

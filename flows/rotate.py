@@ -6,11 +6,11 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # The command line comes first so that --help, inventory, gate and keys answer without
-    # importing Prefect at all; `run` and `demo` import the flow (flows.rotate_flow) when they need it.
+    # importing Prefect at all; `run` and `demo` import the flow (flows.flow) when they need it.
     from flows.cli import main
 
     raise SystemExit(main())
 
-from flows.rotate_flow import FLOW_NAME, RunOutcome, pinrotate_rotate, run_flow
+from flows.flow import FLOW_NAME, RunOutcome, pinrotate_rotate, run_flow
 
 __all__ = ["FLOW_NAME", "RunOutcome", "pinrotate_rotate", "run_flow"]

@@ -75,8 +75,8 @@ class RunSpec:
 
 
 @contextlib.contextmanager
-def opened(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers: int = 1,
-           announce: bool = False) -> Iterator[rotation.RunContext]:
+def run_context(spec: RunSpec, target_names: Sequence[str] | None = None, *, workers: int = 1,
+                announce: bool = False) -> Iterator[rotation.RunContext]:
     """The run as one task sees it: settings, keyring and targets loaded here, connections of its own.
     Only the run's first start (``announce``: the read_current_key task) may create a ``file``
     keyring that is absent; any other task (a shard on a Dask worker) refuses a missing one.
@@ -227,7 +227,7 @@ def _retryable(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bo
       retry_jitter_factor=0.3, retry_condition_fn=_retryable, persist_result=False, cache_policy=NO_CACHE)
 def read_current_key(spec: RunSpec) -> str:
     """Read the keyring and check every start condition; returns the current key id only (never material)."""
-    with opened(spec, announce=True) as ctx:
+    with run_context(spec, announce=True) as ctx:
         assert ctx.keyring is not None
         return ctx.keyring.current
 
@@ -237,7 +237,7 @@ def plan_shards(spec: RunSpec, shards_per_target: int) -> list[dict[str, Any]]:
     """The shards of every target, in the configured order: ``{target, shard, id_range, rows, exact}``,
     where ``id_range`` is ``(lo, hi]`` (None: open) and ``rows`` the shard's backlog at the start,
     counted (``exact``) or, for a big table, estimated from a sample of its pages."""
-    with opened(spec) as ctx:
+    with run_context(spec) as ctx:
         plan = []
         for t in ctx.targets:
             shards = rotation.plan_shards(ctx, t.name, shards_per_target)
@@ -282,7 +282,7 @@ def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, An
 
     def attempt() -> DrainResult:
         try:
-            with opened(spec, [target]) as ctx:
+            with run_context(spec, [target]) as ctx:
                 ctx.stop = stop
                 if isinstance(ctx.throttle_control, VariableThrottleControl):
                     # Before the first batch and outside the throttle's lock; later reads run
@@ -293,7 +293,7 @@ def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, An
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
                                         planned_backlog=planned)
         except KeyIdentityMismatch as e:
-            # This host's keyring holds other material under a key id (checked in opened(), before any write).
+            # This host's keyring holds other material under a key id (checked in run_context(), before any write).
             result = stopped_result(target, spec, e, STOP_KEY_MISMATCH, rows)
         except (RefusedToStart, ConfigError) as e:  # e.g. no keyring file on this worker's host
             result = stopped_result(target, spec, e, STOP_KEY_UNAVAILABLE, rows)
@@ -368,7 +368,7 @@ def recount_backlog(spec: RunSpec, names: list[str]) -> dict[str, int]:
     (and logged): its report keeps the shards' figures, with a note."""
     out: dict[str, int] = {}
     try:
-        with opened(spec, names) as ctx:
+        with run_context(spec, names) as ctx:
             for name in names:
                 out[name] = sum(s.rows for s in rotation.plan_shards(ctx, name, 1))
     except (DatabaseError, KeyUnavailable, RefusedToStart) as e:
@@ -379,7 +379,7 @@ def recount_backlog(spec: RunSpec, names: list[str]) -> dict[str, int]:
 @task(name="verify", persist_result=False, cache_policy=NO_CACHE)
 def verify(spec: RunSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Re-read a sample of the rows each target's drain committed and decrypt them under the current key."""
-    with opened(spec, list(results) or None) as ctx:
+    with run_context(spec, list(results) or None) as ctx:
         return rotation.verify(ctx, {n: result_from_dict(d) for n, d in results.items()})
 
 
@@ -387,7 +387,7 @@ def verify(spec: RunSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def retire_gate_report(spec: RunSpec, results: dict[str, dict[str, Any]], report: dict[str, Any],
                        shard_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The gate per older key, published with the run report as table and markdown artifacts."""
-    with opened(spec, list(results) or None) as ctx:
+    with run_context(spec, list(results) or None) as ctx:
         gate = rotation.gate_report(ctx, {n: result_from_dict(d) for n, d in results.items()})
     report = {**report, "gate": gate}
     table: list[dict[str, Any]] = []

@@ -178,7 +178,7 @@ def test_a_shard_task_on_a_host_without_the_keys_file_refuses_and_only_the_runs_
         primary_database_url: str, tmp_path: Path) -> None:
     import uuid
 
-    from flows.tasks import RunSpec, opened
+    from flows.tasks import RunSpec, run_context
     from pinrotate_core.errors import ConfigError
 
     seed_profile(primary_database_url, tmp_path, rows=10)
@@ -188,13 +188,13 @@ def test_a_shard_task_on_a_host_without_the_keys_file_refuses_and_only_the_runs_
     spec = RunSpec(config_path=str(config), run_id=str(uuid.uuid4()))
 
     # What drain_shard (and plan_shards, verify, the gate report) open on a Dask worker.
-    with pytest.raises(ConfigError, match="does not exist") as refused, opened(spec, ["Person"]):
+    with pytest.raises(ConfigError, match="does not exist") as refused, run_context(spec, ["Person"]):
         pass
     assert str(missing) in str(refused.value) and "\n" not in str(refused.value)
     assert not missing.exists() and not any(missing.parent.iterdir())
 
     # The run's first start (the read_current_key task) is where contract §3's "created on first use" holds.
-    with opened(spec, announce=True) as ctx:
+    with run_context(spec, announce=True) as ctx:
         assert ctx.keyring is not None
     assert missing.exists()
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from flows import reports
-from flows.rotate_flow import ShardDrains, _recount
+from flows.flow import ShardDrains, _recount
 from flows.runtime import RunProgress
 from flows.tasks import FOLDED_FIELDS, RunSpec, merge_attempts, merge_shards
 from pinrotate_core import rotation
