@@ -23,6 +23,7 @@ import pytest
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.drain import BatchEvent, Drain, DrainOptions, DrainResult
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.schemes.fpc1 import parse_fpc1
 
 from .test_fpc1_migration import K1, K2, decrypt, fpc1, write_keys
@@ -152,4 +153,4 @@ def test_a_row_locked_for_the_whole_run_closes_the_gate_for_its_key_and_is_no_co
     assert not report.gate["k1"]["open"]  # three values still on k1
     app.execute("ROLLBACK")
     assert rotation.run_rotation(s, expected_key="k2").exit_code == rotation.EXIT_OK
-    assert rotation.retire_gate(s, "k1").open
+    assert retire_gate(s, "k1").open

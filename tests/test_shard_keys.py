@@ -20,6 +20,7 @@ from psycopg import sql
 from pinrotate_core import rotation
 from pinrotate_core.drain import Shard
 from pinrotate_core.errors import ConfigError
+from pinrotate_core.gate import retire_gate
 
 from .test_fpc1_migration import K1, custom_settings, decrypt, fpc1, parse_fpc1, write_keys
 
@@ -110,4 +111,4 @@ def test_a_citext_key_is_blocked_at_resolve_time_with_its_reason_and_nothing_is_
     assert pg_conn.execute("SELECT id, pw FROM creds ORDER BY id").fetchall() == before
     inv = rotation.inventory(settings).targets["T"]
     assert inv.counts["BLOCKED"] >= 1 and "id column id is citext" in (inv.blocked_reason or "")
-    assert not rotation.retire_gate(settings, "k1").open
+    assert not retire_gate(settings, "k1").open
