@@ -10,14 +10,16 @@ open batch back and stops the target; a value that does not decrypt is left unch
 reported. It never writes anything but the cipher columns (and the key-version column), and never
 a row out of scope.
 
-Its parts: ``run`` (one target's drain: the write guards, the pipeline, sweeps, barrier, result),
-``selection`` (the stale, in-scope rows as SQL), ``counting`` (backlog counts),
+Its parts: ``run`` (one target's drain: workers, sweeps, barrier, result), ``pipeline`` (the batch
+loop over its connections), ``guards`` with ``guard_lock`` and ``guard_cas`` (the write guards and
+their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting`` (backlog counts),
 ``shards`` (shard planning), ``options`` and ``results`` (what it is asked, what it reports),
 ``heap`` (gc freezing while drains run). It never imports rotation, the gate or the flows.
 """
 
 from .heap import long_lived_heap_frozen
 from .options import BeforeWrite, DrainOptions, stop_reason
+from .pipeline import prepare_session
 from .results import (
     STOP_CANCELLED,
     STOP_DB_ERROR,
@@ -28,7 +30,7 @@ from .results import (
     DrainResult,
     natural_id_order,
 )
-from .run import Drain, drain_target, prepare_session
+from .run import Drain, drain_target
 from .shards import Shard, split_backlog
 
 __all__ = [
