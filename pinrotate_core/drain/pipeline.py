@@ -134,7 +134,9 @@ class BatchPipeline:
             opts.throttle.before_batch(halt, opts.deadline, first=first)
             size = opts.throttle.batch_size
         elif opts.inter_batch_delay and not first:
-            halt.wait(opts.inter_batch_delay)
+            # Never past the run's deadline: the wait ends there (in HALT_POLL slices, on a stop too).
+            left = opts.inter_batch_delay if opts.deadline is None else opts.deadline - time.monotonic()
+            halt.wait(max(0.0, min(opts.inter_batch_delay, left)))
         if halt.is_set() or self._should_stop():
             return None
         locked = time.perf_counter()
