@@ -40,7 +40,7 @@ from .log import log_event
 
 DEFAULT_PREFIX = "profile_crypto_reencrypt"
 ERROR_REASONS = ("key_unavailable", "decrypt_failed", "conflict", "db_error")
-THROTTLE_REASONS = ("lag", "load", "locks", "paused")  # why a drain waited between batches (throttle.py)
+THROTTLE_REASONS = ("lag", "load", "locks", "paused")  # why a drain waited between batches (throttle/)
 # A run is anything from an empty no-op (~10 ms) to max_run_duration (600 s by default).
 RUN_DURATION_BUCKETS_MS = (10.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
                            60_000.0, 120_000.0, 300_000.0, 600_000.0)
@@ -80,7 +80,7 @@ class RotationMetrics:
         # Pre-initialised so that alert expressions see a series (0) before the first error.
         for reason in ERROR_REASONS:
             self._errors.labels(reason=reason)
-        # Sharing the database (throttle.py): how long the drains waited, and what they saw last.
+        # Sharing the database (throttle/): how long the drains waited, and what they saw last.
         self._throttled = Counter(f"{prefix}_throttled_seconds_total",
                                   "Seconds the drain waited between batches in this run, by reason.", ["reason"],
                                   registry=self.registry)

@@ -356,7 +356,7 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
                  throttle_control: ThrottleControlSource | None = None) -> RunReport:
     """The whole run without an orchestrator: targets drained one after another, in order.
 
-    ``throttle_control``: an operator's pause / tune switch read between batches (see throttle.py)."""
+    ``throttle_control``: an operator's pause / tune switch read between batches (see throttle/)."""
     ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant,
                    create_keyring=True)
     if stop is not None:

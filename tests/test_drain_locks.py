@@ -249,3 +249,21 @@ def test_a_paused_drain_holds_no_transaction_and_no_row_while_it_waits(pin: PinD
     thread.join(BOUND_S)
     assert not thread.is_alive()
     assert result[0].stopped is None and result[0].reencrypted == PERSONS
+
+
+def test_without_a_throttle_the_inter_batch_delay_ends_at_the_deadline(pin: PinDb) -> None:
+    # Nothing throttles this drain: its plain inter_batch_delay (600 s, far past BOUND_S) is the wait
+    # between batches, and that wait ends at the deadline, holding nothing, rather than after 600 s.
+    stop = threading.Event()
+    result: list[DrainResult] = []
+    thread = threading.Thread(target=lambda: result.append(drain_person(
+        pin.settings(), inter_batch_delay=600.0, deadline=time.monotonic() + 5.0, stop=stop)), daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    if thread.is_alive():
+        stop.set()  # let the drain go before the test fails
+        thread.join(BOUND_S)
+        raise AssertionError("the wait between batches did not end at the deadline")
+    assert result[0].stopped == "deadline"
+    assert result[0].batches <= 1  # the delay was kept until the deadline: at most the first batch ran
+    assert on_key_2(pin) == result[0].reencrypted < PERSONS

@@ -859,7 +859,7 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
     # are estimates from it (no counting scan of a huge table while every worker waits); a small
     # one's come from every stale id, and the shards' exact counts add up to the backlog. Either
     # way, draining every shard from its planned backlog moves it all and leaves nothing behind.
-    import pinrotate_core.drain as drain_module
+    import pinrotate_core.drain.shards as drain_module
 
     # 16 batches of 100: at least 1 batch a shard allows the 4 or 8 shards asked, at least 4 merges 8 into 4.
     monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", min_batches)
@@ -904,7 +904,7 @@ def test_shards_cover_the_backlog_exactly_once_with_similar_counts_and_drain_it_
 
 
 def test_merging_adjacent_ranges_keeps_exact_counts_and_balances_them() -> None:
-    from pinrotate_core.drain import _merge_ranges
+    from pinrotate_core.drain.shards import _merge_ranges
 
     assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 4) == (["b", "d", "f"], [10, 10, 10, 10])
     assert _merge_ranges(["b", "d", "f"], [10, 10, 10, 10], 2) == (["d"], [20, 20])

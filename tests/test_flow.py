@@ -118,7 +118,7 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
 
 def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_and_progress_ends_at_100(
         prefect_api: str, primary_database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pinrotate_core.drain as drain_module
+    import pinrotate_core.drain.shards as drain_module
     from flows.rotate import pinrotate_rotate
     from pinrotate_core.samples import pin_profile as presets
 
@@ -128,14 +128,14 @@ def test_a_big_tables_shards_planned_from_a_page_sample_count_their_own_backlog_
     monkeypatch.setattr(drain_module, "MIN_SAMPLE_PER_RANGE", 1)
     monkeypatch.setattr(drain_module, "MIN_BATCHES_PER_SHARD", 1)
     estimates: dict[str, int | None] = {}  # what each target's plan estimated (None: counted exactly)
-    sampled_bounds = drain_module.Drain._sampled_bounds
+    sampled_bounds = drain_module.ShardPlanner._sampled_bounds
 
     def recording(self: Any, conn: Any, ranges: int, backlog: int) -> tuple[list[Any], int | None]:
         bounds, estimate = sampled_bounds(self, conn, ranges, backlog)
         estimates[self.target.name] = estimate
         return bounds, estimate
 
-    monkeypatch.setattr(drain_module.Drain, "_sampled_bounds", recording)
+    monkeypatch.setattr(drain_module.ShardPlanner, "_sampled_bounds", recording)
     profile = seed_profile(primary_database_url, tmp_path, rows=1600, batch_size=50, inter_batch_delay=0,
                            max_degree_of_parallelism=2)
     # A quarter of the persons already on key 2: the sample's stale share is an estimate, not 1.

@@ -123,16 +123,10 @@ class Rewrapper(Protocol):
 
 class RowLocked:
     """What row-locked, row-counting schemes (``aesgcm``, ``vault-transit``) share: rows are locked
-    while read and written, each stale row counts once, there is no CAS miss to settle."""
+    while read and written, each stale row counts once."""
 
     guard: ClassVar[WriteGuard] = "lock"
     counts_values = False
-
-    def stale_values(self, row: Sequence[Any]) -> int:
-        return 1
-
-    def settled(self, column: Column, read: Any, now: Any) -> bool:
-        return False  # the lock guard never misses
 
 
 class Scheme(Protocol):
@@ -140,7 +134,7 @@ class Scheme(Protocol):
 
     name: ClassVar[str]
     guard: ClassVar[WriteGuard]
-    counts_values: bool  # True: reports count values (fpc1); False: rows
+    counts_values: bool  # True: reports count values (fpc1, with stale_values: drain.counting); False: rows
     target: ResolvedTarget
     current_key: str
 
@@ -150,18 +144,8 @@ class Scheme(Protocol):
     def read_list(self, alias: str | None = None) -> list[sql.Composable]:
         """What the drain reads per row after the id (the plan's ``row[1:]``)."""
 
-    def key_version_column(self) -> Column | None:
-        """A key-version column set to the current version by every write (lock guard only)."""
-
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         """The writes for ``rows`` = ``(id, *read_list)``; every new value verified before it is returned."""
-
-    def stale_values(self, row: Sequence[Any]) -> int:
-        """How many values of a row read with ``read_list`` are stale (the backlog, for value counts)."""
-
-    def settled(self, column: Column, read: Any, now: Any) -> bool:
-        """After a CAS miss: is ``now`` the value ``read``, moved to the current key by another run
-        (same plaintext), rather than an application's edit (a CONFLICT)?"""
 
     def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
         """Per value of a row: (key as text, present) in SQL, for a counting inventory; None: stream."""

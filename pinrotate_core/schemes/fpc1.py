@@ -168,9 +168,6 @@ class Fpc1Scheme:
         # json/jsonb are read as their text, which the JSON rewrite works on.
         return [tenant, *(sql.SQL("{}::text").format(self._ref(c.name, alias)) for c in self.target.columns)]
 
-    def key_version_column(self) -> Column | None:
-        return None
-
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         """Decide every value of ``rows`` = ``(id, tenant, *column texts)``; each value alone: in a
         row with two stale fields one may move and the other fail."""

@@ -1,0 +1,41 @@
+"""The batch drain: move every in-scope value of a target from older keys to the current key.
+
+One pipeline for every scheme: keyset pagination by id (``id > last``) over the rows the scheme
+calls stale and the scope rule admits, one transaction per batch, the scheme's write guard (rows
+locked ``FOR NO KEY UPDATE SKIP LOCKED``, or compare-and-swap on the values read), set-based
+writes, workers owning disjoint id ranges, sweeps for rows that were locked by someone else (a
+compare-and-swap write locks its rows ``SKIP LOCKED`` too: it never waits on an application), stop
+rules between batches, and a durability barrier before it reports. A provider failure rolls the
+open batch back and stops the target; a value that does not decrypt is left unchanged and
+reported. It never writes anything but the cipher columns (and the key-version column), and never
+a row out of scope.
+
+Its parts: ``run`` (one target's drain: workers, sweeps, barrier, result), ``pipeline`` (the batch
+loop over its connections), ``guards`` with ``guard_lock`` and ``guard_cas`` (the write guards and
+their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting`` (backlog counts),
+``shards`` (shard planning), ``options`` and ``results`` (what it is asked, what it reports),
+``heap`` (gc freezing while drains run). It never imports rotation, the gate or the flows.
+"""
+
+from .heap import long_lived_heap_frozen
+from .options import BeforeWrite, DrainOptions, stop_reason
+from .pipeline import prepare_session
+from .results import (
+    STOP_CANCELLED,
+    STOP_DB_ERROR,
+    STOP_DEADLINE,
+    STOP_KEY_UNAVAILABLE,
+    STOP_ORCHESTRATOR_LOST,
+    STOP_THROTTLE_CRITICAL,
+    BatchEvent,
+    DrainResult,
+    natural_id_order,
+)
+from .run import Drain, drain_target
+from .shards import Shard, split_backlog
+
+__all__ = [
+    "STOP_CANCELLED", "STOP_DB_ERROR", "STOP_DEADLINE", "STOP_KEY_UNAVAILABLE", "STOP_ORCHESTRATOR_LOST", "STOP_THROTTLE_CRITICAL",
+    "BatchEvent", "BeforeWrite", "Drain", "DrainOptions", "DrainResult", "Shard", "drain_target",
+    "long_lived_heap_frozen", "natural_id_order", "prepare_session", "split_backlog", "stop_reason",
+]

@@ -1,0 +1,149 @@
+"""The compare-and-swap write guard (fpc1): rows are read without locks; each column is written
+only where it still holds the value read, and the write locks its rows ``SKIP LOCKED`` so it never
+waits on an application. A miss is settled: moved already by another run (not a conflict), held
+locked by someone else (left for the sweep), or a CONFLICT, recorded for the gate."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from ..schemes.base import Scheme, Write
+from ..state import NO_TENANT, StateError, record_conflicts
+from ..targets import Column
+from .counting import BacklogCounter
+from .guards import Sweep
+from .options import DrainOptions
+from .results import BatchOutcome, DrainResult, Tally
+from .selection import Selection
+
+
+@runtime_checkable
+class SettlesMisses(Protocol):
+    """What a scheme written by compare-and-swap adds: how to tell a value another run moved from
+    an application's edit."""
+
+    def settled(self, column: Column, read: Any, now: Any) -> bool:
+        """After a CAS miss: is ``now`` the value ``read``, moved to the current key by another run
+        (same plaintext), rather than an application's edit (a CONFLICT)?"""
+
+
+class CasGuard:
+    def __init__(self, scheme: Scheme, selection: Selection, dry_run: bool) -> None:
+        if not isinstance(scheme, SettlesMisses):
+            raise TypeError(f"scheme {scheme.name}: a compare-and-swap guard needs settled()")
+        self.scheme: SettlesMisses = scheme
+        self.selection = selection
+        self.target = scheme.target
+        self._statements: dict[tuple[int, ...], sql.Composed] = {}
+
+    def select(self, lo: Any, hi: Any, size: int) -> tuple[sql.Composed, list[Any]]:
+        return self.selection.next_batch(lo, hi, size, lock=False)
+
+    def _update(self, write: Write) -> sql.Composed:
+        """One set-based statement for a write: (true, id) per row written, (false, id) per row
+        locked; a row an application holds locked is neither."""
+        cached = self._statements.get(write.columns)
+        if cached is not None:
+            return cached
+        columns = [self.target.columns[j] for j in write.columns]
+        arrays: list[sql.Composable] = [sql.SQL("%s::{}[]").format(sql.Identifier(self.target.id_column.type_name))]
+        arrays += [sql.SQL("%s::text[]")] * (2 * len(columns))
+        names: list[sql.Composable] = []
+        sets: list[sql.Composable] = []
+        same: list[sql.Composable] = []
+        for i, c in enumerate(columns):
+            old, new = sql.Identifier(f"o{i}"), sql.Identifier(f"n{i}")
+            names += [old, new]
+            ref = sql.Identifier("t", c.name)
+            if c.type_name == "jsonb":
+                sets.append(sql.SQL("{} = u.{}::jsonb").format(sql.Identifier(c.name), new))
+                same.append(sql.SQL("{} = u.{}::jsonb").format(ref, old))
+            elif c.type_name == "json":
+                sets.append(sql.SQL("{} = u.{}::json").format(sql.Identifier(c.name), new))
+                same.append(sql.SQL("{}::text = u.{}").format(ref, old))
+            else:
+                sets.append(sql.SQL("{} = u.{}").format(sql.Identifier(c.name), new))
+                same.append(sql.SQL("{} = u.{}").format(ref, old))
+        # Lock first, never wait: a row an application holds locked is skipped (left for the
+        # sweep or the next run, as the lock guard's SKIP LOCKED leaves it), the others are
+        # locked and written where they still hold the values read.
+        statement = sql.SQL(
+            "WITH pinrotate_locked AS MATERIALIZED ("
+            "SELECT u.* FROM unnest({arrays}) AS u(pinrotate_id, {names}) JOIN {rel} AS t "
+            "ON t.{id} = u.pinrotate_id FOR NO KEY UPDATE OF t SKIP LOCKED), "
+            "pinrotate_moved AS (UPDATE {rel} AS t SET {sets} FROM pinrotate_locked AS u "
+            "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} RETURNING t.{id} AS pinrotate_id) "
+            "SELECT true, pinrotate_id FROM pinrotate_moved UNION ALL SELECT false, pinrotate_id FROM pinrotate_locked"
+        ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
+                 names=sql.SQL(", ").join(names), id=self.selection.id, same=sql.SQL(" AND ").join(same),
+                 scope=self.selection.scope_t)
+        self._statements[write.columns] = statement
+        return statement
+
+    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome) -> None:
+        params: list[Any] = [write.ids]
+        for old, new in zip(write.old, write.new):
+            params += [old, new]
+        matched: set[Any] = set()
+        locked: set[Any] = set()
+        for moved, row_id in conn.execute(self._update(write), params).fetchall():
+            (matched if moved else locked).add(row_id)
+        # Not locked: someone else holds the row (or it is gone); locked but not written: a miss.
+        missed = [i for i, row_id in enumerate(write.ids) if row_id not in matched]
+        settled, held = self._settle_misses(conn, write, missed, locked) if missed else (set(), set())
+        column = ",".join(self.target.columns[j].name for j in write.columns)
+        for i, row_id in enumerate(write.ids):
+            if row_id in matched:
+                outcome.reencrypted += write.weights[i]
+            elif row_id in settled:
+                outcome.settled += write.weights[i]
+            elif row_id in held:
+                outcome.held.append(row_id)
+            else:
+                outcome.conflicts += write.weights[i]
+                outcome.lost.append((row_id, column, write.tenants[i] or NO_TENANT, write.weights[i]))
+
+    def _settle_misses(self, conn: psycopg.Connection[Any], write: Write, missed: list[int],
+                       locked: set[Any]) -> tuple[set[Any], set[Any]]:
+        """(settled, held) among the rows missed: a miss whose value is already on the current key
+        was moved by another run, not a conflict. A row we could not lock that is still there (in
+        scope) is held by someone else: left as it is, for the sweep. A row that is gone is a
+        conflict, as before."""
+        s = self.selection
+        columns = [self.target.columns[j] for j in write.columns]
+        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s) AND {scope}").format(
+            id=s.id, cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in columns),
+            rel=self.target.relation, scope=s.scope)
+        read = {write.ids[i]: [old[i] for old in write.old] for i in missed}
+        settled: set[Any] = set()
+        held: set[Any] = set()
+        for row in conn.execute(query, [list(read)]).fetchall():
+            if row[0] not in locked:
+                held.add(row[0])
+            elif all(self.scheme.settled(c, r, v) for c, r, v in zip(columns, read[row[0]], row[1:])):
+                settled.add(row[0])
+        return settled, held
+
+    def next_sweep(self, engine: sa.Engine, counter: BacklogCounter, tally: Tally) -> Sweep:
+        """Only the rows an application held locked at the write are tried again (a conflict is left
+        as it is, for the next run to read afresh)."""
+        held = tally.take_held()
+        return Sweep(due=bool(held), only=held)
+
+    def record_conflicts(self, conn: psycopg.Connection[Any] | None, result: DrainResult,
+                         options: DrainOptions) -> None:
+        if conn is None:
+            result.state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+            return
+        try:
+            # A shard (an id range) adds its conflicts and clears nothing: its siblings' are not
+            # its own (record_run_conflicts replaces them once all have ended).
+            record_conflicts(conn, self.target.name, result.conflicts_by_tenant, tenant_scope=options.tenant,
+                             complete=result.stopped is None, run_id=options.run_id,
+                             shard=options.id_range != (None, None))
+        except StateError as e:
+            result.state_error = str(e)

@@ -1,0 +1,327 @@
+"""The batch pipeline of one drain: keyset passes over id ranges, pipelined over three connections
+(one batch being read and locked, one re-encrypted, one committing), one transaction per batch,
+every wait between batches taken before the next batch begins. It counts a batch only once its
+COMMIT is confirmed and never half-writes one; which statements it runs is its write guard's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from ..db import describe_db_error, raw_connection
+from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
+from ..log import log_event
+from ..schemes.base import BatchPlan, Scheme
+from ..targets import begin_writing_batch
+from .guards import Guard
+from .options import DrainOptions, stop_reason
+from .results import (
+    STOP_CANCELLED,
+    STOP_DB_ERROR,
+    STOP_KEY_UNAVAILABLE,
+    STOP_THROTTLE_CRITICAL,
+    BatchEvent,
+    BatchOutcome,
+    Tally,
+)
+
+if TYPE_CHECKING:
+    from ..throttle import Throttle
+
+HALT_POLL = 0.05  # seconds: how soon a reader waiting between batches sees its pass end
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A batch the reader thread read (and, where the guard locks, locked)."""
+
+    rows: list[tuple[Any, ...]]
+    size: int  # rows asked for: fewer came back only at the end of the range
+    locked: float  # perf_counter() at its BEGIN: the start of its lock hold
+
+
+class _AnyEvent:
+    """Set when any of its events is set: the reader's wait ends on a stop, the end of its pass,
+    or a sibling worker's fail-closed stop. The first event wakes a wait at once, the others
+    within ``HALT_POLL`` seconds."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._events[0].wait(HALT_POLL if remaining is None else min(HALT_POLL, remaining))
+        return True
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch handed to the writer thread."""
+
+    future: Future[BatchOutcome]
+    worker: int
+    batch_no: int
+    rows: int
+    plan: BatchPlan
+    started: float
+
+
+class BatchPipeline:
+    """Passes over id ranges of one target, for the workers of one drain (they share its tally)."""
+
+    def __init__(self, engine: sa.Engine, scheme: Scheme, guard: Guard, options: DrainOptions, tally: Tally) -> None:
+        self.engine = engine
+        self.scheme = scheme
+        self.target = scheme.target
+        self.guard = guard
+        self.options = options
+        self.tally = tally
+        self.stopped = threading.Event()  # one worker's fail-closed stop stops its siblings
+
+    def guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
+        """One pass (see ``_pass``); an error that stops the target is a stop reason, recorded once."""
+        try:
+            return self._pass(worker, lo, hi, only)
+        except KeyUnavailable as e:
+            return self._fail(e, STOP_KEY_UNAVAILABLE, worker)
+        except DatabaseError as e:
+            return self._fail(e, STOP_DB_ERROR, worker)
+        except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
+            return self._fail(e, STOP_THROTTLE_CRITICAL, worker)
+        except psycopg.Error as e:
+            err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
+            return self._fail(err, STOP_DB_ERROR, worker)
+
+    def _fail(self, exc: BaseException, reason: str, worker: int) -> str:
+        with self.tally.lock:
+            if self.tally.error is None:
+                self.tally.error = exc
+        self.stopped.set()
+        log_event("batch_failed", level=40, run_id=self.options.run_id or None, target=self.target.name,
+                  worker=worker, reason=reason, error=str(exc))
+        return reason
+
+    def _should_stop(self) -> str | None:
+        return stop_reason(self.options, self.stopped)
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def _next_batch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, first: bool,
+                    halt: _AnyEvent) -> _Fetched | None:
+        """Reader thread: wait until the next batch may start (throttle, or ``inter_batch_delay``)
+        while holding nothing, then BEGIN and read it. None: the pass stopped before it began."""
+        opts = self.options
+        size = opts.batch_size
+        if opts.throttle is not None:
+            opts.throttle.before_batch(halt, opts.deadline, first=first)
+            size = opts.throttle.batch_size
+        elif opts.inter_batch_delay and not first:
+            # Never past the run's deadline: the wait ends there (in HALT_POLL slices, on a stop too).
+            left = opts.inter_batch_delay if opts.deadline is None else opts.deadline - time.monotonic()
+            halt.wait(max(0.0, min(opts.inter_batch_delay, left)))
+        if halt.is_set() or self._should_stop():
+            return None
+        locked = time.perf_counter()
+        return _Fetched(self._fetch(conn, lo, hi, size), size, locked)
+
+    def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
+        """BEGIN and read (where the guard locks: lock) the next batch after ``lo`` (reader thread)."""
+        query, params = self.guard.select(lo, hi, size)
+        conn.execute("BEGIN")
+        try:
+            if not self.options.dry_run:
+                begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
+                # Per batch: never wait long for a lock an application holds, never run away, and
+                # never hold rows for ever: the server ends a batch transaction left idle longer
+                # than idle_timeout (a stuck key provider, a frozen process), which rolls it back.
+                for name, seconds in (("lock_timeout", self.options.lock_timeout),
+                                      ("statement_timeout", self.options.statement_timeout),
+                                      ("idle_in_transaction_session_timeout", self.options.idle_timeout)):
+                    conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name),
+                                                                     sql.Literal(f"{int(seconds * 1000)}ms")))
+            return conn.cursor(binary=True).execute(query, params).fetchall()
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+
+    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan) -> BatchOutcome:
+        """The batch's writes and COMMIT (writer thread); ROLLBACK on any error: whole or nothing."""
+        outcome = BatchOutcome()
+        try:
+            for write in plan.writes:
+                if write.ids:
+                    self.guard.write(conn, write, outcome)
+            conn.execute("COMMIT")
+            outcome.committed = time.perf_counter()
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return outcome
+
+    def _record(self, worker: int, batch_no: int, rows: int, plan: BatchPlan, outcome: BatchOutcome,
+                started: float) -> None:
+        """Count a committed (or, in a dry run, computed) batch and tell the world."""
+        opts = self.options
+        name = self.target.name
+        self.tally.add(plan, outcome)
+        event = BatchEvent(name, worker, batch_no, rows, outcome.reencrypted, len(plan.failed),
+                           ((outcome.committed or time.perf_counter()) - started) * 1000, opts.dry_run,
+                           conflicts=outcome.conflicts)
+        log_event("batch_processed", run_id=opts.run_id or None, target=name, worker=worker, batch=batch_no,
+                  rows=rows, reencrypted=event.reencrypted, failed=event.failed, conflicts=event.conflicts or None,
+                  held_by_others=len(outcome.held) or None,
+                  unknown=plan.counts.get("unknown") or None, legacy_left=plan.counts.get("legacy_left") or None,
+                  duration_ms=round(event.duration_ms, 1), dry_run=opts.dry_run or None)
+        for f in plan.failed:
+            log_event("row_failed", level=30, run_id=opts.run_id or None, target=name, id=f.id,
+                      columns=list(f.columns), reason=f.reason)
+        for row_id, column, _, n in outcome.lost:
+            log_event("value_conflict", level=30, run_id=opts.run_id or None, target=name, id=str(row_id),
+                      column=column, values=n)
+        if opts.on_batch is not None:
+            opts.on_batch(event)
+
+    def _settle(self, pending: _Pending) -> None:
+        outcome = pending.future.result()  # re-raises the writer's error after its ROLLBACK
+        self._record(pending.worker, pending.batch_no, pending.rows, pending.plan, outcome, pending.started)
+
+    # -- a pass --------------------------------------------------------------------------------
+    def _pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
+        """One keyset pass over ``(lo, hi]``; returns why it stopped early, or None when done. With
+        ``only`` (a compare-and-swap sweep), only those rows are planned and written.
+
+        Pipelined over three connections: while this thread re-encrypts batch N, a reader thread
+        reads (and locks) batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the
+        database and the crypto work overlap. Each batch is still exactly one transaction on one
+        connection, and is counted only once its COMMIT is confirmed. Every wait between batches
+        (the throttle, ``inter_batch_delay``) happens in the reader before it BEGINs the next
+        batch, so no wait ever holds a row lock: a row is locked from its batch's SELECT to its
+        COMMIT, which spans the re-encryption of the batch before it and of its own (see
+        ``reference.md``, "How long a row stays locked").
+        """
+        opts = self.options
+        t = self.target
+        dry = opts.dry_run
+        throttle = opts.throttle
+        reason: str | None = None
+        halt_pass = threading.Event()  # set when this pass ends: a reader waiting for the throttle gives up
+        halt = _AnyEvent(opts.stop, halt_pass, self.stopped)
+        with contextlib.ExitStack() as stack:
+            conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
+            for c in conns:
+                prepare_session(c, dry)
+            reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
+            writer = None if dry else stack.enter_context(
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
+            k = 0
+            pending: _Pending | None = None
+            open_tx: psycopg.Connection[Any] | None = None
+            # In a copy of this thread's context, as the workers are: the throttle's log lines
+            # reach an orchestrator's run log.
+            next_fetch: Future[_Fetched | None] | None = reader.submit(
+                contextvars.copy_context().run, self._next_batch, conns[0], lo, hi, True, halt)
+            try:
+                while next_fetch is not None:
+                    conn = conns[k % len(conns)]
+                    fetching, next_fetch = next_fetch, None
+                    fetched = fetching.result()  # a failed fetch has rolled its own transaction back
+                    if fetched is None:  # stopped before it began: nothing was read
+                        reason = self._should_stop() or STOP_CANCELLED
+                        break
+                    rows, started = fetched.rows, fetched.locked
+                    open_tx = conn
+                    if not rows:
+                        break
+                    reason = self._should_stop()
+                    if reason:
+                        break  # this batch was only read: it rolls back below
+                    if len(rows) == fetched.size:  # more to come: lock the next batch while this one is worked
+                        next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
+                                                   conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
+                    if only is not None:
+                        rows = [r for r in rows if r[0] in only]
+                    plan = self.scheme.plan(rows, self.tally.failed_ids())
+                    if opts.before_write is not None:
+                        opts.before_write(k + 1, [r[0] for r in rows])
+                    if pending is not None:
+                        self._settle(pending)
+                        pending = None
+                    if writer is None:
+                        conn.execute("ROLLBACK")
+                        open_tx = None
+                        self._record(worker, k + 1, len(rows), plan, BatchOutcome(reencrypted=plan.planned), started)
+                    else:
+                        pending = _Pending(writer.submit(self._write, conn, plan), worker, k + 1, len(rows), plan,
+                                           started)
+                        open_tx = None  # the writer owns this transaction now
+                        if throttle is not None:  # lock-to-commit time feeds the batch sizer
+                            pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
+                    k += 1
+                if open_tx is not None:
+                    open_tx.execute("ROLLBACK")
+                    open_tx = None
+                if pending is not None:
+                    self._settle(pending)
+                    pending = None
+            except BaseException:
+                # Fail closed: a batch being planned rolls back; a write in flight either commits
+                # whole or rolls itself back. Nothing is half-written.
+                halt_pass.set()
+                if open_tx is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        open_tx.execute("ROLLBACK")
+                if next_fetch is not None:  # a read-ahead of the next batch was in flight: release it
+                    with contextlib.suppress(BaseException):
+                        if next_fetch.result() is not None:  # submitted in batch k's turn, before k += 1
+                            conns[(k + 1) % len(conns)].execute("ROLLBACK")
+                if pending is not None:
+                    with contextlib.suppress(BaseException):
+                        self._settle(pending)
+                raise
+            finally:
+                halt_pass.set()
+        return reason
+
+
+def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
+    """Session settings of a drain connection (reset when it goes back to the pool)."""
+    conn.execute("SET application_name = 'pinrotate'")
+    # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
+    # the batch against a sequential scan of the whole table.
+    conn.execute("SET enable_hashjoin = off")
+    conn.execute("SET enable_mergejoin = off")
+    if dry_run:
+        conn.execute("SET default_transaction_read_only = on")
+    else:
+        # A commit lost in a crash only leaves its rows on the old key, which is still in the
+        # keyring: the next run takes them again. So batches need not wait for each WAL flush;
+        # the drain ends with durability.force_flush() before it reports.
+        conn.execute("SET synchronous_commit = off")
+
+
+def _feeds_sizer(throttle: Throttle, started: float, rows: int) -> Callable[[Future[BatchOutcome]], None]:
+    """A done-callback telling the throttle how long a committed batch held its locks."""
+    def done(future: Future[BatchOutcome]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            throttle.batch_done(time.perf_counter() - started, rows)
+    return done
