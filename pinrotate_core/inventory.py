@@ -5,7 +5,7 @@ counts in the database) the values of every row, splits them by THE scope rule i
 EXCLUDED (per rule that excluded them: the gate blocks on EXCLUDED values still on a key), and asks the scheme for each value's category; ``deep`` also decrypts every in-scope
 value to find the ones that do not (FAILED). Counts and locations only (contract §6): never a
 value. Never writes, never runs DDL (CONFLICTs recorded by runs are read from ``pinrotate.conflicts``
-when it exists: ``state.py``).
+when it exists: ``conflicts.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from .config import Settings, TargetSettings
+from .conflicts import StateError, last_conflicts
 from .db import describe_db_error, raw_connection
 from .errors import ConfigError, DatabaseError, TargetBlocked
 from .keyring import Keyring
 from .schemes.base import CATEGORIES, LEGACY_KEY, InventoryFacts, Scheme, ValueClass
 from .schemes.registry import build_scheme
 from .scope import exclusion_rule, scope_condition
-from .state import StateError, last_conflicts
 from .targets import ResolvedTarget, resolve_target
 
 FETCH_ROWS = 5000

@@ -21,12 +21,12 @@ from psycopg import sql
 
 from ._primitives import key_check_value
 from .config import Settings
+from .conflicts import SCHEMA
 from .db import describe_db_error, raw_connection
 from .errors import DatabaseError, KeyUnavailable, RefusedToStart
 from .keyring import Keyring, sort_key
 from .log import log_event
 from .providers import KeyProvider, keyring_style
-from .state import SCHEMA
 
 TABLE: Final = "key_checks"
 QUALIFIED: Final = f"{SCHEMA}.{TABLE}"

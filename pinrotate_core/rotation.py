@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from .config import Settings, TargetSettings
+from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
@@ -31,7 +32,6 @@ from .providers import KeyProvider, build_provider
 from .schemes.base import DECRYPT_FAILED, LegacyMigration, Scheme
 from .schemes.registry import build_scheme, check_keyring, scheme_class, write_guard
 from .scope import check_tenant_scope
-from .state import StateError, ensure_conflicts_table, record_conflicts
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 

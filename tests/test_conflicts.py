@@ -26,12 +26,12 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import GateSettings
+from pinrotate_core.conflicts import CREATE_SQL, conflicts_table_exists
 from pinrotate_core.drain import Drain, DrainOptions, DrainResult
 from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.key_checks import CREATE_SQL as KEY_CHECKS_SQL
 from pinrotate_core.schemes.fpc1_values import parse_fpc1
-from pinrotate_core.state import CREATE_SQL, conflicts_table_exists
 
 from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, forge_settings, fpc1, write_keys
 
@@ -183,7 +183,7 @@ def test_a_conflict_recorded_on_one_host_closes_the_gate_on_another(
 
 def test_a_run_that_stopped_early_keeps_the_larger_count_and_clears_nothing(
         database_url: str, pg_conn: psycopg.Connection[Any]) -> None:
-    from pinrotate_core.state import last_conflicts, record_conflicts
+    from pinrotate_core.conflicts import last_conflicts, record_conflicts
 
     record_conflicts(pg_conn, "T", {"a": 3, "b": 1}, tenant_scope=None, complete=True, run_id="r1")
     record_conflicts(pg_conn, "T", {"a": 1, "c": 2}, tenant_scope=None, complete=False, run_id="r2")
@@ -305,7 +305,7 @@ def drain_shards(settings: Any, pg_conn: psycopg.Connection[Any], stop_shard: in
         rotation.RunContext, list[Any], list[int]]:
     """The flow's steps in one process: plan two shards, drain them one after the other (an
     application edit in each shard's first batch: one CONFLICT each), and leave the run open."""
-    from pinrotate_core.state import last_conflicts
+    from pinrotate_core.conflicts import last_conflicts
 
     ctx = rotation.open_run(settings, target_names=["T"], expected_key="k2")
     rotation.read_current_key(ctx)
@@ -344,7 +344,7 @@ def merge_results(parts: Sequence[DrainResult]) -> DrainResult:
 
 def test_sibling_shards_keep_each_others_conflicts_and_the_run_records_what_is_left(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    from pinrotate_core.state import last_conflicts, record_conflicts
+    from pinrotate_core.conflicts import last_conflicts, record_conflicts
 
     sharded_creds(pg_conn)
     write_keys(keys_file)
@@ -370,7 +370,7 @@ def test_sibling_shards_keep_each_others_conflicts_and_the_run_records_what_is_l
 
 def test_a_sharded_run_with_a_shard_that_stopped_early_clears_nothing_of_earlier_runs(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    from pinrotate_core.state import last_conflicts, record_conflicts
+    from pinrotate_core.conflicts import last_conflicts, record_conflicts
 
     sharded_creds(pg_conn)
     write_keys(keys_file)

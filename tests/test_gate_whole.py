@@ -25,10 +25,10 @@ from psycopg import sql
 from flows import reports
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
+from pinrotate_core.conflicts import NO_TENANT, record_conflicts
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
-from pinrotate_core.state import NO_TENANT, record_conflicts
 from tests.pinprofile import cli
 
 from .helpers import assert_secret_free

@@ -11,8 +11,8 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from ..conflicts import NO_TENANT, StateError, record_conflicts
 from ..schemes.base import Scheme, Write
-from ..state import NO_TENANT, StateError, record_conflicts
 from ..targets import Column
 from .counting import BacklogCounter
 from .guards import Sweep
