@@ -743,7 +743,7 @@ def test_first_run_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_inve
 
     assert first.exit_code == 0
     assert keys_file.exists() and (keys_file.stat().st_mode & 0o777) == 0o600
-    keyring = FileKeyProvider(keys_file, style="fpc1").load_keyring()
+    keyring = FileKeyProvider(keys_file, style="named").load_keyring()
     inv = rotation.inventory(settings)
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", keyring.current) and inv.current_key == keyring.current
     assert [len(k.material) for k in keyring.keys.values()] == [16]

@@ -76,7 +76,7 @@ def test_first_use_leaves_no_temporary_files(keys_file: Path) -> None:
 
 
 def test_fpc1_first_use_creates_one_16_byte_bootstrap_key(keys_file: Path) -> None:
-    ring = FileKeyProvider(keys_file, style="fpc1", create=True).load_keyring()
+    ring = FileKeyProvider(keys_file, style="named", create=True).load_keyring()
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", ring.current)
     assert list(ring.keys) == [ring.current]
     assert len(ring.keys[ring.current].material) == 16
@@ -225,7 +225,7 @@ def test_add_key_on_an_absent_file_creates_it_first(keys_file: Path) -> None:
 
 
 def test_add_key_with_a_named_id_and_fpc1_style_makes_16_byte_keys(keys_file: Path) -> None:
-    provider = FileKeyProvider(keys_file, style="fpc1", create=True)
+    provider = FileKeyProvider(keys_file, style="named", create=True)
     bootstrap = provider.load_keyring().current
     generated = provider.add_key()
     assert re.fullmatch(r"k-[0-9a-f]{12}", generated)
@@ -260,7 +260,7 @@ def test_promote_refuses_a_key_that_was_not_added(keys_file: Path) -> None:
 def test_a_legacy_key_is_read_and_kept_across_add_and_promote(keys_file: Path) -> None:
     legacy = secrets.token_bytes(16)
     write_private(keys_file, f'current = "k1"\nlegacy = "{b64(legacy)}"\n[keys]\nk1 = "{b64(secrets.token_bytes(16))}"\n')
-    provider = FileKeyProvider(keys_file, style="fpc1", create=True)
+    provider = FileKeyProvider(keys_file, style="named", create=True)
     assert provider.load_keyring().legacy.material == legacy  # type: ignore[union-attr]
     provider.promote(provider.add_key("k2"))
     ring = provider.load_keyring()
@@ -295,8 +295,8 @@ def _settings(keys: dict[str, object], fmt: str = "aesgcm") -> object:
 def test_build_provider_gives_a_file_provider_in_the_style_of_the_targets(keys_file: Path) -> None:
     aes = build_provider(_settings({"provider": "file", "file": str(keys_file)}))  # type: ignore[arg-type]
     fpc = build_provider(_settings({"provider": "file", "file": str(keys_file)}, "fpc1"))  # type: ignore[arg-type]
-    assert isinstance(aes, FileKeyProvider) and aes.style == "aesgcm"
-    assert isinstance(fpc, FileKeyProvider) and fpc.style == "fpc1"
+    assert isinstance(aes, FileKeyProvider) and aes.style == "versions"
+    assert isinstance(fpc, FileKeyProvider) and fpc.style == "named"
     assert isinstance(aes, KeyProvider) and isinstance(aes, KeyringAdmin)
 
 

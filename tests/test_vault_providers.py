@@ -323,7 +323,7 @@ def test_fpc1_style_adds_named_16_byte_keys(openbao: BaoDevServer) -> None:
     mount, path = new_kv(openbao, {"current": "k2024", "k2024": b64key(16)})
     settings = KeysSettings(provider="vault-kv",
                             vault=VaultSettings(addr=openbao.addr, token=openbao.token, mount=mount, path=path))
-    keyring_admin = build_vault_provider(settings, style="fpc1")
+    keyring_admin = build_vault_provider(settings, style="named")
     assert isinstance(keyring_admin, VaultKvKeyProvider)
     new_id = keyring_admin.add_key()
     ring = kv_provider(openbao, mount, path).load_keyring()

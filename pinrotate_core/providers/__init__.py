@@ -37,10 +37,10 @@ class KeyringAdmin(KeyProvider, Protocol):
 
 def keyring_style(settings: Settings) -> str:
     """The keys a keyring pinrotate adds to holds (the style's name is kept in ``pinrotate.key_checks``):
-    ``aesgcm`` (integer versions) when some target's scheme orders its keys by version, else ``fpc1``
-    (named 16-byte keys)."""
+    ``versions`` (integer versions) when some target's scheme orders its keys by version, else
+    ``named`` (named 16-byte keys)."""
     ordered = any(isinstance(scheme_class(t.format), OrderedKeys) for t in settings.targets)
-    return "aesgcm" if ordered else "fpc1"
+    return "versions" if ordered else "named"
 
 
 def build_provider(settings: Settings, *, create_keyring: bool = False) -> KeyProvider:

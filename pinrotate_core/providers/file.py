@@ -45,8 +45,8 @@ _HEADER = "# pinrotate keyring: SECRET key material. Keep 0600, never commit, ne
 
 
 class FileKeyProvider:
-    def __init__(self, path: str | Path, *, style: str = "aesgcm", create: bool = False) -> None:
-        if style not in ("aesgcm", "fpc1"):
+    def __init__(self, path: str | Path, *, style: str = "versions", create: bool = False) -> None:
+        if style not in ("versions", "named"):
             raise ValueError(f"unknown keyring style {style}")
         self.path = Path(path).expanduser()
         self.style = style
@@ -111,7 +111,7 @@ class FileKeyProvider:
         with self._locked():
             ring = self._read() if self.path.exists() else self._create_and_read()
             if key_id is None:
-                key_id = next_version(ring.keys) if self.style == "aesgcm" else _named_id("k")
+                key_id = next_version(ring.keys) if self.style == "versions" else _named_id("k")
             validate_key_id(key_id, where="keys add")
             if key_id in ring.keys:
                 raise ConfigError(f"keys add: key {key_id} already exists in {self.path}")
@@ -131,10 +131,10 @@ class FileKeyProvider:
     # -- internals -----------------------------------------------------------------------------
 
     def _key_length(self) -> int:
-        return 16 if self.style == "fpc1" else 32
+        return 16 if self.style == "named" else 32
 
     def _fresh_keyring(self) -> Keyring:
-        key_id = "1" if self.style == "aesgcm" else _named_id("bootstrap")
+        key_id = "1" if self.style == "versions" else _named_id("bootstrap")
         key = Key(key_id, secrets.token_bytes(self._key_length()))
         return Keyring(current=key_id, keys={key_id: key}, source=self.description)
 

@@ -20,10 +20,10 @@ __all__ = [
 ]
 
 
-def build_vault_provider(keys: KeysSettings, *, style: str = "aesgcm") -> VaultKvKeyProvider | VaultTransitKeyProvider:
+def build_vault_provider(keys: KeysSettings, *, style: str = "versions") -> VaultKvKeyProvider | VaultTransitKeyProvider:
     """The provider for ``keys.provider`` = ``vault-kv`` / ``vault-transit``; validates at construction.
 
-    ``style`` (``aesgcm`` integer versions of 32 bytes / ``fpc1`` named 16-byte keys) only shapes
+    ``style`` (``versions``: integer versions of 32 bytes / ``named``: named 16-byte keys) only shapes
     the keys ``keys add`` writes to a KV keyring.
     """
     if keys.provider == "vault-kv":

@@ -32,8 +32,8 @@ class VaultKvKeyProvider:
     write. Both use KV check-and-set, so a concurrent writer's change is never lost.
     """
 
-    def __init__(self, settings: VaultSettings, *, style: str = "aesgcm", session: VaultSession | None = None) -> None:
-        if style not in ("aesgcm", "fpc1"):
+    def __init__(self, settings: VaultSettings, *, style: str = "versions", session: VaultSession | None = None) -> None:
+        if style not in ("versions", "named"):
             raise ValueError(f"unknown keyring style {style}")
         if not settings.path or not settings.path.strip("/"):
             raise ConfigError("keys.vault.path: required for provider \"vault-kv\"")
@@ -221,12 +221,12 @@ class VaultKvKeyProvider:
         return response is not mismatch
 
     def _next_key_id(self, data: dict[str, Any]) -> str:
-        if self.style == "aesgcm":
+        if self.style == "versions":
             return next_version(k for k in data if k not in _RESERVED_FIELDS)
         return f"k-{secrets.token_hex(6)}"
 
     def _key_length(self) -> int:
-        return 16 if self.style == "fpc1" else 32
+        return 16 if self.style == "named" else 32
 
 
 def _until_written(attempt: Callable[[], _T | None], conflict: str) -> _T:
