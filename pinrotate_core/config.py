@@ -28,11 +28,11 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from .config_errors import TARGET_NAME, describe_validation_error, error_message
 from .errors import ConfigError
 from .schemes import DEFAULT_FORMAT, FORMATS, known_formats
 
 DEFAULT_CONFIG_NAME = "pinrotate.toml"
-TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # Forge's own default for its bootstrap keyring (design 003), used when provider = "forge".
 FORGE_BOOTSTRAP_FILE = "~/.forge/secrets/crypto.properties"
 # When neither batch_size nor batch_time_target is set, batches adapt towards this many seconds.
@@ -373,7 +373,7 @@ class EnvironmentSource(PydanticBaseSettingsSource):
                 value = TypeAdapter(field.annotation or str).validate_strings(text)
             except ValidationError as e:
                 where = f"{'.'.join(path)} (from {variable})"
-                raise ConfigError(f"{self.source}: {where}: {_message(e.errors(include_input=False)[0])}") from None
+                raise ConfigError(f"{self.source}: {where}: {error_message(e.errors(include_input=False)[0])}") from None
             node = data
             for part in path[:-1]:
                 node = node.setdefault(part, {})
@@ -432,62 +432,3 @@ def _overlay(base: Mapping[str, Any], top: Mapping[str, Any], source: str, path:
             value = _overlay(below, value, source, f"{path}{key}.")
         merged[key] = value
     return merged
-
-
-def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None,
-                              data: Mapping[str, Any] | None = None) -> str:
-    """First error as ``dotted.setting: message`` in the file's own terms; pydantic's input value is
-    deliberately left out.
-
-    A ``[[targets]]`` table is named by its ``name`` (or its 1-based position when it has no usable
-    name), an array entry by its 1-based position, a type by its TOML name ("must be an array").
-    A setting that came from an environment variable is named with it, so the operator looks there
-    and not in the file.
-    """
-    errors = e.errors(include_url=False, include_input=False)
-    err = errors[0]
-    var = (origins or {}).get(tuple(str(i) for i in err["loc"]))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{_toml_location(err['loc'], data) or 'configuration'}{f' (from {var})' if var else ''}: " \
-           f"{_message(err)}{more}"
-
-
-def _toml_location(loc: tuple[int | str, ...], data: Mapping[str, Any] | None) -> str:
-    if len(loc) >= 2 and loc[0] == "targets" and isinstance(loc[1], int):
-        tables = (data or {}).get("targets")
-        table = tables[loc[1]] if isinstance(tables, (list, tuple)) and loc[1] < len(tables) else None
-        name = table.get("name") if isinstance(table, Mapping) else None
-        where = (f'target "{name}"' if isinstance(name, str) and TARGET_NAME.fullmatch(name)
-                 else f"[[targets]] table {loc[1] + 1}")
-        rest = _toml_location(loc[2:], None)
-        return f"{where}: {rest}" if rest else where
-    text = ""
-    for item in loc:
-        text += f" entry {item + 1}" if isinstance(item, int) else (f".{item}" if text else str(item))
-    return text
-
-
-# pydantic's words for types, in TOML's: the operator edits a TOML file, not a Python object.
-_TOML_TYPES = {
-    "tuple_type": "must be an array", "list_type": "must be an array",
-    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
-    "float_type": "must be a number", "float_parsing": "must be a number",
-    "string_type": "must be a string", "bool_type": "must be true or false", "bool_parsing": "must be true or false",
-    "dict_type": "must be a table", "model_type": "must be a table", "model_attributes_type": "must be a table",
-    "finite_number": "must be a finite number (not inf or nan)",
-}
-
-
-def _message(err: Any) -> str:
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        return "unknown setting"
-    if kind == "missing":
-        return "required setting is missing"
-    if kind == "string_pattern_mismatch":
-        return f"must match {err['ctx']['pattern'].strip('^$')}"
-    if kind in _TOML_TYPES:
-        return _TOML_TYPES[kind]
-    if kind == "too_short":
-        return f"must hold at least {err['ctx']['min_length']} entry" + ("s" if err["ctx"]["min_length"] > 1 else "")
-    return str(err["msg"]).removeprefix("Value error, ").replace("Input should be", "must be")

@@ -34,7 +34,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from .config import TARGET_NAME, MetricsSettings
+from .config import MetricsSettings
+from .config_errors import TARGET_NAME
 from .keyring import is_version
 from .log import log_event
 
