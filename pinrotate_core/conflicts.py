@@ -15,11 +15,11 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from .bookkeeping import SCHEMA, create_once, table_exists
 from .db import describe_db_error
 from .errors import PinrotateError
 
 NO_TENANT: Final = ""  # the tenant key of targets without a tenant column (and of rows whose tenant is NULL)
-SCHEMA: Final = "pinrotate"
 TABLE: Final = "conflicts"
 QUALIFIED: Final = f"{SCHEMA}.{TABLE}"
 _TABLE = sql.Identifier(SCHEMA, TABLE)
@@ -55,24 +55,15 @@ def _role(conn: psycopg.Connection[Any]) -> str:
 
 
 def conflicts_table_exists(conn: psycopg.Connection[Any]) -> bool:
-    """Is there a ``pinrotate.conflicts`` table? Read from the catalog, which every role may read
-    (``to_regclass`` would fail on a schema the role may not use)."""
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p'))", (SCHEMA, TABLE)).fetchone()
-    return bool(row and row[0])
+    """Is there a ``pinrotate.conflicts`` table?"""
+    return table_exists(conn, TABLE)
 
 
 def ensure_conflicts_table(conn: psycopg.Connection[Any]) -> None:
     """Create ``pinrotate.conflicts`` unless it exists (in its own transaction; ``conn`` is in
     autocommit mode). StateError with the privilege to grant when the role may not."""
     try:
-        if conflicts_table_exists(conn):
-            return  # CREATE SCHEMA IF NOT EXISTS would still ask for CREATE on the database
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
-            if not conflicts_table_exists(conn):
-                conn.execute(CREATE_SQL)
+        create_once(conn, TABLE, CREATE_SQL, _LOCK_KEY)
     except pg_errors.InsufficientPrivilege:
         raise StateError(
             f"role {_role(conn)} may not create {QUALIFIED}, where pinrotate records CONFLICTs for the gate: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from . import conflicts, key_checks
+from . import bookkeeping, conflicts, key_checks
 from .config import Settings
 from .targets import read_columns, relation_of
 
@@ -40,10 +40,10 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
                                                                     grantee))
         written = [*t.columns, *([t.key_version] if t.key_version else [])]
         out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_ident_list(written), relation_of(t), grantee))
-    out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(conflicts.SCHEMA), grantee))
+    out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(bookkeeping.SCHEMA), grantee))
     # Conflicts are replaced run by run; a key's check value is only ever added (key_checks).
     out.append(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-        sql.Identifier(conflicts.SCHEMA, conflicts.TABLE), grantee))
+        sql.Identifier(bookkeeping.SCHEMA, conflicts.TABLE), grantee))
     out.append(sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(
-        sql.Identifier(conflicts.SCHEMA, key_checks.TABLE), grantee))
+        sql.Identifier(bookkeeping.SCHEMA, key_checks.TABLE), grantee))
     return [s.as_string() + ";" for s in out]

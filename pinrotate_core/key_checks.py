@@ -20,8 +20,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ._primitives import key_check_value
+from .bookkeeping import SCHEMA, create_once, table_exists
 from .config import Settings
-from .conflicts import SCHEMA
 from .db import describe_db_error, raw_connection
 from .errors import DatabaseError, KeyUnavailable, RefusedToStart
 from .keyring import Keyring, sort_key
@@ -201,23 +201,14 @@ def _compare(checks: Sequence[KeyCheck], recorded: Mapping[str, Sequence[Any]], 
 
 
 def _table_exists(conn: psycopg.Connection[Any]) -> bool:
-    """From the catalog, which every role may read (``to_regclass`` fails on a schema it may not use)."""
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p'))", (SCHEMA, TABLE)).fetchone()
-    return bool(row and row[0])
+    return table_exists(conn, TABLE)
 
 
 def _ensure_table(conn: psycopg.Connection[Any], role: str) -> None:
     """Create the table unless it exists (serialised across hosts by an advisory lock); refused with
     the privilege to grant when the role may not."""
-    if _table_exists(conn):
-        return  # CREATE SCHEMA IF NOT EXISTS would still ask for CREATE on the database
     try:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (QUALIFIED,))
-            if not _table_exists(conn):
-                conn.execute(CREATE_SQL)
+        create_once(conn, TABLE, CREATE_SQL, QUALIFIED)
     except pg_errors.InsufficientPrivilege:
         raise RefusedToStart(
             f"role {role} may not create {QUALIFIED}, where pinrotate records a check value per key id: GRANT "

@@ -27,7 +27,7 @@ import shutil
 import socket
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -239,6 +239,25 @@ def primary_database_url(_pg_registry: _PgRegistry) -> Iterator[str]:
     subject is the orchestration, not the SQL (the drain's SQL runs on every server elsewhere)."""
     with _pg_registry.get(PG_SERVER_IDS[0]).fresh_database() as url:
         yield url
+
+
+@pytest.fixture
+def make_role(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[Callable[[str], str]]:
+    """Real LOGIN roles, neither superuser nor owner, made on demand (``make_role("app")``); each is
+    dropped afterwards with whatever it owns or was granted."""
+    made: list[str] = []
+
+    def make(prefix: str = "app") -> str:
+        role = f"pinrotate_{prefix}_{secrets.token_hex(4)}"
+        pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        made.append(role)
+        return role
+
+    yield make
+    for role in made:
+        pg_conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
+        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from urllib.parse import urlsplit, urlunsplit
 
 from pinrotate_core.keyring import Key, Keyring
 
@@ -51,3 +52,10 @@ def assert_secret_free(text_or_exc: str | BaseException, *secrets_: bytes | str)
             # Very short forms (a 1-byte hex) would match by chance; real secrets are long.
             if len(form) >= 8:
                 assert form not in text, "a secret value appears in the message"
+
+
+def url_as(url: str, user: str) -> str:
+    """``url`` with another user name (trust / peer-less test servers: no password)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))

@@ -13,12 +13,10 @@ import json
 import multiprocessing
 import os
 import re
-import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -32,6 +30,7 @@ from pinrotate_core.errors import RefusedToStart
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.key_checks import CREATE_SQL as KEY_CHECKS_SQL
 from pinrotate_core.schemes.fpc1_values import parse_fpc1
+from tests.helpers import url_as
 
 from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, forge_settings, fpc1, write_keys
 
@@ -198,23 +197,9 @@ def test_a_run_that_stopped_early_keeps_the_larger_count_and_clears_nothing(
 # --- privileges ---------------------------------------------------------------------------------------
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
-
-
 @pytest.fixture
-def app_role(pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
-    """A real LOGIN role, neither superuser nor owner, without CREATE on the database; dropped afterwards."""
-    role = f"pinrotate_app_{secrets.token_hex(4)}"
-    pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        yield role
-    finally:
-        pg_conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+def app_role(make_role: Callable[[str], str]) -> str:
+    return make_role("app")
 
 
 def creds_table(pg_conn: psycopg.Connection[Any], role: str) -> list[str]:
@@ -238,7 +223,7 @@ def test_a_role_that_may_not_create_the_conflicts_table_is_refused_before_anythi
     values = creds_table(pg_conn, app_role)
     write_keys(keys_file)
     grant_key_checks(pg_conn, app_role)
-    settings = custom_settings(as_user(database_url, app_role), keys_file, {"table": "creds", "columns": ["pw"]})
+    settings = custom_settings(url_as(database_url, app_role), keys_file, {"table": "creds", "columns": ["pw"]})
 
     with pytest.raises(RefusedToStart) as refused:
         rotation.run_rotation(settings, expected_key="k2")
@@ -268,7 +253,7 @@ def test_a_gate_role_that_may_not_read_the_conflicts_table_is_blocked_and_an_abs
     creds_table(pg_conn, app_role)
     write_keys(keys_file)
     target = {"table": "creds", "columns": ["pw"]}
-    reader = custom_settings(as_user(database_url, app_role), keys_file, target)
+    reader = custom_settings(url_as(database_url, app_role), keys_file, target)
     owner = custom_settings(database_url, keys_file, target)
 
     # No run has recorded anything: no table, no conflict; the read-only gate creates nothing.

@@ -13,7 +13,7 @@ import re
 import secrets
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.env import EnvKeyProvider
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.k8s import K8sDirKeyProvider
-from tests.helpers import assert_secret_free
+from tests.helpers import assert_secret_free, url_as
 from tests.pinprofile import PinProfile, cli, seed_profile
 
 TABLES = ("persons", "person_documents", "requisite_templates", "verification_requests")
@@ -241,31 +241,16 @@ def test_the_check_value_is_a_truncated_hmac_of_a_fixed_label_and_never_the_key(
 
 
 @pytest.fixture
-def app_role(pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
-    """A real LOGIN role, neither superuser nor owner, without CREATE on the database."""
-    role = f"pinrotate_ki_{secrets.token_hex(4)}"
-    pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        yield role
-    finally:
-        pg_conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-
-
-def as_user(url: str, user: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, f"{user}@{parts.netloc.rsplit('@', 1)[-1]}", parts.path, parts.query,
-                       parts.fragment))
+def app_role(make_role: Callable[[str], str]) -> str:
+    """A role without CREATE on the database."""
+    return make_role("ki")
 
 
 def test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege(
         database_url: str, app_role: str, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
     FileKeyProvider(keys_file, create=True).load_keyring()
-    settings = _aesgcm_settings(as_user(database_url, app_role), keys_file)
+    settings = _aesgcm_settings(url_as(database_url, app_role), keys_file)
     ctx = rotation.open_run(settings)
     try:
         with pytest.raises(RefusedToStart) as refused:
@@ -288,8 +273,8 @@ def test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_no
                     .format(r=sql.Identifier(app_role)))
     keys_file = tmp_path / "keys" / "keys.toml"
     ring = FileKeyProvider(keys_file, create=True).load_keyring()
-    settings = _aesgcm_settings(as_user(database_url, app_role), keys_file)
-    engine = make_engine(as_user(database_url, app_role), pool_size=1)
+    settings = _aesgcm_settings(url_as(database_url, app_role), keys_file)
+    engine = make_engine(url_as(database_url, app_role), pool_size=1)
     try:
         seen = confirm_key_identity(engine, settings, ring, FileKeyProvider(keys_file), record=False)
         assert seen.not_recorded == ["1"]

@@ -6,49 +6,27 @@ Real roles on a real PostgreSQL: a LOGIN role that is neither superuser nor owne
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from pinrotate_core import key_checks
+from tests.helpers import url_as
 from tests.pinprofile import PinProfile, cli, seed_profile, write_config
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
-
-
-@pytest.fixture
-def roles(database_url: str) -> Iterator[list[str]]:
-    """Make LOGIN roles on demand (neither superuser nor owner); all dropped afterwards."""
-    made: list[str] = []
-    yield made
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for role in made:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-
-
-def new_role(database_url: str, roles: list[str], prefix: str) -> str:
-    role = f"pinrotate_{prefix}_{secrets.token_hex(3)}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
-    roles.append(role)
+def new_role(pg_conn: psycopg.Connection[Any], make_role: Callable[[str], str], prefix: str) -> str:
+    role = make_role(prefix)
+    pg_conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
     return role
 
 
 def config_as(profile: PinProfile, tmp: Path, role: str) -> str:
-    return str(write_config(tmp / f"{role}.toml", as_user(profile.url, role), profile.keys_file,
+    return str(write_config(tmp / f"{role}.toml", url_as(profile.url, role), profile.keys_file,
                             inter_batch_delay=0))
 
 
@@ -66,14 +44,15 @@ def key_versions(profile: PinProfile) -> dict[Any, int]:
 
 
 def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_columns(
-        database_url: str, tmp_path: Path, roles: list[str]) -> None:
+        database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
+        make_role: Callable[[str], str]) -> None:
     profile = seed_profile(database_url, tmp_path, rows=30)
-    app = new_role(database_url, roles, "app")
+    app = new_role(pg_conn, make_role, "app")
     statements = grant(profile, app)
     # Column by column, never a table-wide UPDATE: the role may not touch a business column.
     assert any(s.startswith("GRANT UPDATE (") and '"profile"."persons"' in s for s in statements)
     assert not any(s.startswith(("GRANT UPDATE ON", "GRANT ALL")) for s in statements)
-    with psycopg.connect(as_user(profile.url, app)) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with psycopg.connect(url_as(profile.url, app)) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("UPDATE profile.persons SET updated_at = now()")
 
     config = config_as(profile, tmp_path, app)
@@ -86,12 +65,13 @@ def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_colum
 
 
 def test_a_read_only_auditor_inventories_and_gates_with_the_owners_answer_and_cannot_run(
-        database_url: str, tmp_path: Path, roles: list[str]) -> None:
+        database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
+        make_role: Callable[[str], str]) -> None:
     profile = seed_profile(database_url, tmp_path, rows=30)
-    auditor = new_role(database_url, roles, "audit")
+    auditor = new_role(pg_conn, make_role, "audit")
     statements = grant(profile, auditor, "--read-only")
     assert not any("UPDATE" in s or "INSERT" in s for s in statements if s.startswith("GRANT"))
-    with psycopg.connect(as_user(profile.url, auditor)) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with psycopg.connect(url_as(profile.url, auditor)) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("UPDATE profile.persons SET key_version = key_version")
     config = config_as(profile, tmp_path, auditor)
 
@@ -112,9 +92,10 @@ def test_a_read_only_auditor_inventories_and_gates_with_the_owners_answer_and_ca
 
 
 def test_a_role_without_grants_gets_one_line_naming_the_missing_privilege(
-        database_url: str, tmp_path: Path, roles: list[str]) -> None:
+        database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
+        make_role: Callable[[str], str]) -> None:
     profile = seed_profile(database_url, tmp_path, rows=10)
-    nobody = new_role(database_url, roles, "none")
+    nobody = new_role(pg_conn, make_role, "none")
     with psycopg.connect(profile.url, autocommit=True) as conn:
         # The bookkeeping tables are there and granted: what is missing is on the target alone.
         conn.execute(key_checks.CREATE_SQL)

@@ -8,10 +8,9 @@ for the ``triggers`` setting. Keys are random TEST keys made here.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -27,7 +26,7 @@ from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet
 
-from .helpers import b64
+from .helpers import b64, url_as
 
 ROWS = 12
 PEOPLE = "People"
@@ -35,13 +34,6 @@ TOUCHED_AT = "2020-01-02 03:04:05+00"
 
 
 # -- the database under test ----------------------------------------------------------------------
-
-
-def url_as(url: str, user: str) -> str:
-    """``url`` with another user name (trust / peer-less test servers: no password)."""
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
 
 
 def create_people(conn: psycopg.Connection[Any], keys_file: Path) -> FileKeyProvider:
@@ -106,21 +98,14 @@ def people(pg_conn: psycopg.Connection[Any], keys_file: Path) -> FileKeyProvider
 
 
 @pytest.fixture
-def app_role(database_url: str, pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
-    """A real LOGIN role, neither superuser nor owner of anything; dropped afterwards. As the reference
-    says for a role without CREATE on the database, pinrotate.key_checks is created ahead and granted."""
-    role = f"pinrotate_app_{secrets.token_hex(4)}"
-    pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+def app_role(pg_conn: psycopg.Connection[Any], make_role: Callable[[str], str]) -> str:
+    """A role neither superuser nor owner of anything. As the reference says for a role without
+    CREATE on the database, pinrotate.key_checks is created ahead and granted."""
+    role = make_role("app")
     pg_conn.execute(KEY_CHECKS_SQL)
     pg_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT SELECT, INSERT ON pinrotate.key_checks "
                             "TO {r}").format(r=sql.Identifier(role)))
-    try:
-        yield role
-    finally:
-        # Its connections are gone with the test; what it owns or was granted goes first.
-        pg_conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    return role
 
 
 def grant_rotation_rights(conn: psycopg.Connection[Any], role: str) -> None:
