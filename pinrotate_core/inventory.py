@@ -108,7 +108,8 @@ def _stream(conn: psycopg.Connection[Any], query: sql.Composed, name: str) -> An
     with conn.transaction(), conn.cursor(name=name, binary=True) as cur:
         cur.itersize = FETCH_ROWS
         cur.execute(query)
-        yield from cur
+        while rows := cur.fetchmany(FETCH_ROWS):  # a list per fetch: cheaper than row by row
+            yield from rows
 
 
 def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: bool = False,
