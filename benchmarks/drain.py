@@ -93,6 +93,46 @@ def busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+SERVER_PID: int | None = None  # the PostgreSQL postmaster's pid, when the server runs on this machine
+
+
+def server_cpu_seconds() -> float:
+    """CPU seconds of the PostgreSQL server's processes (the postmaster, its live children, and, through
+    the postmaster's cutime/cstime, every child that has ended): exact, whatever else the machine runs.
+    0.0 when the server is not on this machine."""
+    if SERVER_PID is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: str) -> list[str] | None:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                return fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended between the listing and the read
+            return None
+
+    main = stat(str(SERVER_PID))
+    if main is None:
+        return 0.0
+    total = sum(int(v) for v in main[11:15])  # utime, stime, cutime, cstime
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            fields = stat(pid)
+            if fields is not None and fields[1] == str(SERVER_PID):  # ppid
+                total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def find_server_pid(url: str) -> int | None:
+    """The postmaster's pid from its data directory's postmaster.pid, when that is readable here."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    try:
+        return int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0]) if row else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def own_cpu_seconds() -> float:
     import resource
 
@@ -107,11 +147,16 @@ class Cpu:
     busy: float = 0.0
     python: float = 0.0
     driver: float | None = None  # of python: the process that planned the shards and hosts Dask's scheduler
+    server: float = 0.0  # the PostgreSQL server's own processes (0.0: not on this machine)
 
     def per_row(self, rows: int) -> str:
         driver = "" if self.driver is None else f" of which the scheduler's process {self.driver / rows * 1e6:.1f}"
+        server = ""
+        if SERVER_PID is not None:
+            rest = self.busy - self.python - self.server
+            server = f", PostgreSQL server {self.server / rows * 1e6:.1f}, the rest {rest / rows * 1e6:.1f}"
         return (f"{self.busy / rows * 1e6:.1f} us CPU per row (Python {self.python / rows * 1e6:.1f}{driver}, "
-                f"PostgreSQL and the rest {(self.busy - self.python) / rows * 1e6:.1f})")
+                f"PostgreSQL and the rest {(self.busy - self.python) / rows * 1e6:.1f}{server})")
 
 
 def _parallel_run(url: str, keys_path: str, batch_size: int, id_range: tuple[Any, Any], ready: Any,
@@ -141,11 +186,11 @@ def parallel_runs(url: str, keys_path: str, batch_size: int,
     for p in procs:
         p.start()
     ready.wait()
-    busy = busy_cpu_seconds()
+    busy, server = busy_cpu_seconds(), server_cpu_seconds()
     started = time.perf_counter()
     results = [out.get(timeout=600) for _ in procs]
     secs = time.perf_counter() - started
-    cpu = Cpu(busy_cpu_seconds() - busy, sum(c for _, c in results))
+    cpu = Cpu(busy_cpu_seconds() - busy, sum(c for _, c in results), server=server_cpu_seconds() - server)
     for p in procs:
         p.join()
     return sum(m for m, _ in results), secs, cpu
@@ -221,7 +266,7 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
             # The clock starts where the single-process figure's does (at the drain, the run opened),
             # and includes planning the shards.
             workers_before = sum(client.run(own_cpu_seconds).values())
-            busy_before, own_before = busy_cpu_seconds(), own_cpu_seconds()
+            busy_before, own_before, server_before = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_seconds()
             started, clock = time.perf_counter(), time.time()
             shards = rotation.plan_shards(ctx, "Person", 4 * processes)
             planned = time.perf_counter() - started
@@ -232,7 +277,7 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
         secs = time.perf_counter() - started
         driver = own_cpu_seconds() - own_before
         cpu = Cpu(busy_cpu_seconds() - busy_before, driver + sum(client.run(own_cpu_seconds).values()) - workers_before,
-                  driver)
+                  driver, server_cpu_seconds() - server_before)
         peaks = client.run(_peak_rss_kb)  # each worker process's peak since it started
     costs = DaskCosts.of([t for _, _, t in results], planned, processes, secs)
     return sum(m for m, _, _ in results), secs, {str(k): int(v) for k, v in peaks.items()}, cpu, costs
@@ -306,6 +351,7 @@ def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int, new_version: 
 
 
 def main() -> int:
+    global SERVER_PID
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000, help="person rows (default 200000)")
     ap.add_argument("--batch-size", type=int, default=2000)
@@ -329,6 +375,7 @@ def main() -> int:
             server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
             cleanups.append(server.cleanup)
             url = server.get_uri()
+        SERVER_PID = find_server_pid(url)  # None when the server is on another machine
         provider = FileKeyProvider(sandbox / "keys.toml", create=True)
         ring = provider.load_keyring()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -371,11 +418,11 @@ def main() -> int:
             restore()
             start = wal_lsn(url)
             with RssSampler() as rss:
-                busy, own = busy_cpu_seconds(), own_cpu_seconds()
+                busy, own, server = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_seconds()
                 t0 = time.perf_counter()
                 result = drain_target(engine, scheme, options)
                 secs = time.perf_counter() - t0
-                cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own)
+                cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own, server=server_cpu_seconds() - server)
             assert result.backlog_remaining == 0 and not result.failed, result
             wal["drain"].append(wal_bytes_since(url, start))
             return result.reencrypted, secs, rss.peak_kb, cpu
@@ -384,11 +431,11 @@ def main() -> int:
             restore()
             start = wal_lsn(url)
             with psycopg.connect(url, autocommit=True) as conn:
-                busy = busy_cpu_seconds()
+                busy, server = busy_cpu_seconds(), server_cpu_seconds()
                 t0 = time.perf_counter()
                 conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # the same rows
                 secs = time.perf_counter() - t0
-                cpu = Cpu(busy_cpu_seconds() - busy)
+                cpu = Cpu(busy_cpu_seconds() - busy, server=server_cpu_seconds() - server)
                 wal["update"].append(wal_bytes_since(url, start))
                 conn.execute("UPDATE profile.persons SET key_version = key_version - 1")
             return args.rows / secs, cpu
@@ -469,7 +516,7 @@ def main() -> int:
             runs = cpus[name]
             driver = [c.driver for c in runs if c.driver is not None]
             return Cpu(statistics.median(c.busy for c in runs), statistics.median(c.python for c in runs),
-                       statistics.median(driver) if driver else None)
+                       statistics.median(driver) if driver else None, statistics.median(c.server for c in runs))
 
         cores = os.cpu_count() or 1
         drain_cpu = median_cpu("drain")
@@ -484,6 +531,9 @@ def main() -> int:
         pg_drain = (drain_cpu.busy - drain_cpu.python) / args.rows
         pg_update = (update_cpu.busy - update_cpu.python) / args.rows
         print(f"PostgreSQL and the rest per row: drain / UPDATE = {pg_drain / pg_update:.2f}")
+        if SERVER_PID is not None:
+            print(f"PostgreSQL server processes per row (exact, from /proc): drain / UPDATE = "
+                  f"{drain_cpu.server / update_cpu.server:.2f}")
         sample = min(args.rows, 50_000)
         aead = statistics.median(bare_aead_per_row(url, ring.keys["1"].material, ring2.keys[ring2.current].material,
                                                    sample)[0] for _ in range(3))
