@@ -96,12 +96,13 @@ def busy_cpu_seconds() -> float:
 SERVER_PID: int | None = None  # the PostgreSQL postmaster's pid, when the server runs on this machine
 
 
-def server_cpu_seconds() -> float:
-    """CPU seconds of the PostgreSQL server's processes (the postmaster, its live children, and, through
-    the postmaster's cutime/cstime, every child that has ended): exact, whatever else the machine runs.
-    0.0 when the server is not on this machine."""
+ServerCpu = tuple[float, dict[str, float]]  # (the postmaster's own and ended children's, live children's by pid)
+
+
+def server_cpu_snapshot() -> ServerCpu:
+    """CPU seconds of the PostgreSQL server's processes, to take a difference of with ``server_cpu_since``."""
     if SERVER_PID is None:
-        return 0.0
+        return 0.0, {}
     tick = os.sysconf("SC_CLK_TCK")
 
     def stat(pid: str) -> list[str] | None:
@@ -111,16 +112,41 @@ def server_cpu_seconds() -> float:
         except OSError:  # ended between the listing and the read
             return None
 
-    main = stat(str(SERVER_PID))
-    if main is None:
-        return 0.0
-    total = sum(int(v) for v in main[11:15])  # utime, stime, cutime, cstime
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            fields = stat(pid)
-            if fields is not None and fields[1] == str(SERVER_PID):  # ppid
-                total += int(fields[11]) + int(fields[12])
-    return total / tick
+    # Consistent only when no child was reaped while the children were read (its CPU would then be
+    # in neither, or in both) and none is waiting to be (a zombie shows no CPU of its own, and its
+    # life's CPU reaches the postmaster's cutime later): read again until so (bounded).
+    deadline = time.monotonic() + 2.0
+    while True:
+        first = stat(str(SERVER_PID))
+        if first is None:
+            return 0.0, {}
+        children: dict[str, float] = {}
+        zombies = False
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                fields = stat(pid)
+                if fields is not None and fields[1] == str(SERVER_PID):  # ppid
+                    zombies = zombies or fields[0] in ("Z", "X")
+                    children[pid] = (int(fields[11]) + int(fields[12])) / tick
+        last = stat(str(SERVER_PID))
+        own = sum(int(v) for v in first[11:15])  # utime, stime, cutime, cstime
+        if last is not None and own == sum(int(v) for v in last[11:15]) and not zombies:
+            return own / tick, children
+        if time.monotonic() > deadline:
+            return own / tick, children
+        time.sleep(0.01)
+
+
+def server_cpu_since(before: ServerCpu) -> float:
+    """CPU seconds the server's processes spent since ``before``, exactly, whatever else the machine
+    runs: live children's growth, new children's all, and ended children's (in the postmaster's
+    cutime, which holds their whole life) less what they had already spent at ``before``. 0.0 when
+    the server is not on this machine."""
+    own_then, then = before
+    own_now, now = server_cpu_snapshot()
+    live = sum(cpu - then.get(pid, 0.0) for pid, cpu in now.items())
+    ended_before = sum(cpu for pid, cpu in then.items() if pid not in now)
+    return own_now - own_then - ended_before + live
 
 
 def find_server_pid(url: str) -> int | None:
@@ -186,11 +212,11 @@ def parallel_runs(url: str, keys_path: str, batch_size: int,
     for p in procs:
         p.start()
     ready.wait()
-    busy, server = busy_cpu_seconds(), server_cpu_seconds()
+    busy, server = busy_cpu_seconds(), server_cpu_snapshot()
     started = time.perf_counter()
     results = [out.get(timeout=600) for _ in procs]
     secs = time.perf_counter() - started
-    cpu = Cpu(busy_cpu_seconds() - busy, sum(c for _, c in results), server=server_cpu_seconds() - server)
+    cpu = Cpu(busy_cpu_seconds() - busy, sum(c for _, c in results), server=server_cpu_since(server))
     for p in procs:
         p.join()
     return sum(m for m, _ in results), secs, cpu
@@ -266,7 +292,7 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
             # The clock starts where the single-process figure's does (at the drain, the run opened),
             # and includes planning the shards.
             workers_before = sum(client.run(own_cpu_seconds).values())
-            busy_before, own_before, server_before = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_seconds()
+            busy_before, own_before, server_before = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_snapshot()
             started, clock = time.perf_counter(), time.time()
             shards = rotation.plan_shards(ctx, "Person", 4 * processes)
             planned = time.perf_counter() - started
@@ -277,7 +303,7 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
         secs = time.perf_counter() - started
         driver = own_cpu_seconds() - own_before
         cpu = Cpu(busy_cpu_seconds() - busy_before, driver + sum(client.run(own_cpu_seconds).values()) - workers_before,
-                  driver, server_cpu_seconds() - server_before)
+                  driver, server_cpu_since(server_before))
         peaks = client.run(_peak_rss_kb)  # each worker process's peak since it started
     costs = DaskCosts.of([t for _, _, t in results], planned, processes, secs)
     return sum(m for m, _, _ in results), secs, {str(k): int(v) for k, v in peaks.items()}, cpu, costs
@@ -418,11 +444,11 @@ def main() -> int:
             restore()
             start = wal_lsn(url)
             with RssSampler() as rss:
-                busy, own, server = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_seconds()
+                busy, own, server = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_snapshot()
                 t0 = time.perf_counter()
                 result = drain_target(engine, scheme, options)
                 secs = time.perf_counter() - t0
-                cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own, server=server_cpu_seconds() - server)
+                cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own, server=server_cpu_since(server))
             assert result.backlog_remaining == 0 and not result.failed, result
             wal["drain"].append(wal_bytes_since(url, start))
             return result.reencrypted, secs, rss.peak_kb, cpu
@@ -431,11 +457,11 @@ def main() -> int:
             restore()
             start = wal_lsn(url)
             with psycopg.connect(url, autocommit=True) as conn:
-                busy, server = busy_cpu_seconds(), server_cpu_seconds()
+                busy, server = busy_cpu_seconds(), server_cpu_snapshot()
                 t0 = time.perf_counter()
                 conn.execute("UPDATE profile.persons SET key_version = key_version + 1")  # the same rows
                 secs = time.perf_counter() - t0
-                cpu = Cpu(busy_cpu_seconds() - busy, server=server_cpu_seconds() - server)
+                cpu = Cpu(busy_cpu_seconds() - busy, server=server_cpu_since(server))
                 wal["update"].append(wal_bytes_since(url, start))
                 conn.execute("UPDATE profile.persons SET key_version = key_version - 1")
             return args.rows / secs, cpu

@@ -11,15 +11,16 @@ client must at least cost the server to rotate these rows. Each is compared with
 ``UPDATE ... SET key_version = key_version + 1`` of the same rows (no client at all).
 
 PostgreSQL's CPU is counted exactly from ``/proc``: the server's processes (postmaster, live
-children, and ended children through the postmaster's cutime), so it holds on a busy machine.
+children, and children that ended, through the postmaster's cutime), so it holds on a busy machine.
 WAL bytes come from ``pg_current_wal_insert_lsn()``; a checkpoint in the middle of a figure adds
 full-page images to it (seen at 1M rows), so compare WAL at 200k rows.
 
 Shapes:
 - ``id_locked``: today's drain: keyset on the primary key (``id > last ORDER BY id LIMIT n``),
   rows locked ``FOR NO KEY UPDATE SKIP LOCKED``, the write joined on the primary key.
-- ``id_locked_ctid``: the same read, the write joined on ``ctid`` (no second primary-key probe),
-  session-level timeouts and psycopg's pipeline mode (two round trips a batch instead of seven).
+- ``id_locked_pipelined``: the same with session-level timeouts and psycopg's pipeline mode (two
+  round trips a batch instead of seven).
+- ``id_locked_ctid``: that, with the write joined on ``ctid`` (no second primary-key probe).
 - ``id_optimistic_ctid``: no row lock; the write compares ``ctid`` and ``xmin`` instead.
 - ``blocks_locked`` / ``blocks_optimistic``: batches as ranges of heap blocks (TID range scans,
   physical order), the write joined on ``ctid``.
@@ -28,7 +29,6 @@ Shapes:
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -57,7 +57,7 @@ NAMES = ", ".join(f"c{i}" for i in range(len(COLS)))
 
 
 class Tid(bytes):
-    """A ``ctid`` as PostgreSQL sends it in binary (block, offset), sent back the same way."""
+    """A ``ctid`` as PostgreSQL sends it in binary (block, line pointer), sent back the same way."""
 
 
 class _TidLoader(Loader):
@@ -75,9 +75,14 @@ class _TidDumper(Dumper):
         return bytes(obj)
 
 
-def _session(conn: psycopg.Connection[Any], pipelined: bool) -> None:
+def adapt_tids(conn: psycopg.Connection[Any]) -> None:
+    """Load ``tid`` values as ``Tid`` and send ``Tid`` (and lists of them) back as ``tid`` (binary)."""
     conn.adapters.register_loader("tid", _TidLoader)
     conn.adapters.register_dumper(Tid, _TidDumper)
+
+
+def _session(conn: psycopg.Connection[Any], pipelined: bool) -> None:
+    adapt_tids(conn)
     for setting in ("enable_hashjoin = off", "enable_mergejoin = off", "synchronous_commit = off"):
         conn.execute(f"SET {setting}")
     if pipelined:  # once a session, not SET LOCAL in every batch
@@ -169,6 +174,7 @@ def in_database_update(conn: psycopg.Connection[Any], batch: int) -> int:
 SHAPES: dict[str, Callable[[psycopg.Connection[Any], int], int]] = {
     "update": in_database_update,
     "id_locked": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=True),
+    "id_locked_pipelined": lambda c, b: by_id(c, b, pipelined=True, ctid=False, lock=True),
     "id_locked_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=True),
     "id_optimistic_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=False),
     "blocks_locked": lambda c, b: by_blocks(c, b, lock=True),
@@ -185,15 +191,15 @@ def measure(url: str, shape: str, rows: int, batch: int) -> tuple[float, float, 
         conn.execute("CHECKPOINT")
     start = bench.wal_lsn(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        server = bench.server_cpu_seconds()
+        server = bench.server_cpu_snapshot()
         t0 = time.perf_counter()
         moved = SHAPES[shape](conn, batch)
         secs = time.perf_counter() - t0
-        server = bench.server_cpu_seconds() - server
+        server_s = bench.server_cpu_since(server)
         left = conn.execute("SELECT count(*) FROM profile.persons WHERE key_version < 2").fetchone()
     if moved != rows or (left and left[0]):
         raise SystemExit(f"{shape}: moved {moved} of {rows} rows")
-    return server / rows * 1e6, bench.wal_bytes_since(url, start) / rows, rows / secs
+    return server_s / rows * 1e6, bench.wal_bytes_since(url, start) / rows, rows / secs
 
 
 def main() -> int:
