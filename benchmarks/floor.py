@@ -22,6 +22,8 @@ Shapes:
   round trips a batch instead of seven).
 - ``id_locked_ctid``: that, with the write joined on ``ctid`` (no second primary-key probe).
 - ``id_optimistic_ctid``: no row lock; the write compares ``ctid`` and ``xmin`` instead.
+- ``read_locked`` / ``read``: the read of ``id_locked`` alone, with and without its row locks
+  (each batch rolled back): what the write adds is the difference.
 - ``blocks_locked`` / ``blocks_optimistic``: batches as ranges of heap blocks (TID range scans,
   physical order), the write joined on ``ctid``.
 """
@@ -146,6 +148,24 @@ def by_id(conn: psycopg.Connection[Any], batch: int, *, pipelined: bool, ctid: b
         last = rows[-1][0]
 
 
+def read_only(conn: psycopg.Connection[Any], batch: int, *, lock: bool) -> int:
+    """The read of ``id_locked`` alone: every batch read (and locked) and rolled back. Keyset
+    pagination walks past each batch, so every row is read once; nothing is written but the locks."""
+    _session(conn, False)
+    last, read = None, 0
+    lock_sql = " FOR NO KEY UPDATE SKIP LOCKED" if lock else ""
+    while True:
+        after = "" if last is None else " AND id > %s"
+        query = (f"SELECT id, ctid, xmin::text, {', '.join(COLS)} FROM profile.persons "
+                 f"WHERE key_version < 2{after} ORDER BY id LIMIT %s{lock_sql}")
+        rows = _begin(conn, False, query, ([] if last is None else [last]) + [batch])
+        conn.execute("ROLLBACK")
+        if not rows:
+            return read
+        read += len(rows)
+        last = rows[-1][0]
+
+
 def by_blocks(conn: psycopg.Connection[Any], batch: int, *, lock: bool) -> int:
     _session(conn, True)
     row = conn.execute("SELECT relpages, reltuples, pg_relation_size(oid) / current_setting('block_size')::int "
@@ -177,6 +197,8 @@ SHAPES: dict[str, Callable[[psycopg.Connection[Any], int], int]] = {
     "id_locked_pipelined": lambda c, b: by_id(c, b, pipelined=True, ctid=False, lock=True),
     "id_locked_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=True),
     "id_optimistic_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=False),
+    "read_locked": lambda c, b: read_only(c, b, lock=True),
+    "read": lambda c, b: read_only(c, b, lock=False),
     "blocks_locked": lambda c, b: by_blocks(c, b, lock=True),
     "blocks_optimistic": lambda c, b: by_blocks(c, b, lock=False),
 }
@@ -197,6 +219,8 @@ def measure(url: str, shape: str, rows: int, batch: int) -> tuple[float, float, 
         secs = time.perf_counter() - t0
         server_s = bench.server_cpu_since(server)
         left = conn.execute("SELECT count(*) FROM profile.persons WHERE key_version < 2").fetchone()
+    if shape.startswith("read"):
+        left = None  # nothing written
     if moved != rows or (left and left[0]):
         raise SystemExit(f"{shape}: moved {moved} of {rows} rows")
     return server_s / rows * 1e6, bench.wal_bytes_since(url, start) / rows, rows / secs
