@@ -131,38 +131,25 @@ def _write(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], pipelined
     _commit(conn, pipelined, update, [list(cols[1]), list(cols[0]), list(cols[2]), *values])
 
 
-def by_id(conn: psycopg.Connection[Any], batch: int, *, pipelined: bool, ctid: bool, lock: bool) -> int:
+def by_id(conn: psycopg.Connection[Any], batch: int, *, pipelined: bool, ctid: bool, lock: bool,
+          write: bool = True) -> int:
+    """Keyset passes on the primary key. ``write`` False: every batch read (and locked) and rolled
+    back; keyset pagination still walks past it, so every row is read once."""
     _session(conn, pipelined)
-    last, moved = None, 0
+    last, done = None, 0
     lock_sql = " FOR NO KEY UPDATE SKIP LOCKED" if lock else ""
     while True:
         after = "" if last is None else " AND id > %s"
         query = (f"SELECT id, ctid, xmin::text, {', '.join(COLS)} FROM profile.persons "
                  f"WHERE key_version < 2{after} ORDER BY id LIMIT %s{lock_sql}")
         rows = _begin(conn, pipelined, query, ([] if last is None else [last]) + [batch])
-        if not rows:
+        if not rows or not write:
             conn.execute("ROLLBACK")
-            return moved
-        _write(conn, rows, pipelined, ctid, lock)
-        moved += len(rows)
-        last = rows[-1][0]
-
-
-def read_only(conn: psycopg.Connection[Any], batch: int, *, lock: bool) -> int:
-    """The read of ``id_locked`` alone: every batch read (and locked) and rolled back. Keyset
-    pagination walks past each batch, so every row is read once; nothing is written but the locks."""
-    _session(conn, False)
-    last, read = None, 0
-    lock_sql = " FOR NO KEY UPDATE SKIP LOCKED" if lock else ""
-    while True:
-        after = "" if last is None else " AND id > %s"
-        query = (f"SELECT id, ctid, xmin::text, {', '.join(COLS)} FROM profile.persons "
-                 f"WHERE key_version < 2{after} ORDER BY id LIMIT %s{lock_sql}")
-        rows = _begin(conn, False, query, ([] if last is None else [last]) + [batch])
-        conn.execute("ROLLBACK")
         if not rows:
-            return read
-        read += len(rows)
+            return done
+        if write:
+            _write(conn, rows, pipelined, ctid, lock)
+        done += len(rows)
         last = rows[-1][0]
 
 
@@ -197,8 +184,8 @@ SHAPES: dict[str, Callable[[psycopg.Connection[Any], int], int]] = {
     "id_locked_pipelined": lambda c, b: by_id(c, b, pipelined=True, ctid=False, lock=True),
     "id_locked_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=True),
     "id_optimistic_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=False),
-    "read_locked": lambda c, b: read_only(c, b, lock=True),
-    "read": lambda c, b: read_only(c, b, lock=False),
+    "read_locked": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=True, write=False),
+    "read": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=False, write=False),
     "blocks_locked": lambda c, b: by_blocks(c, b, lock=True),
     "blocks_optimistic": lambda c, b: by_blocks(c, b, lock=False),
 }
