@@ -46,12 +46,14 @@ class AesGcm:
         except InvalidTag:
             raise CiphertextInvalid("ciphertext does not authenticate") from None
 
-    def reads_all(self, blobs: Sequence[bytes]) -> bool:
-        """Whether every blob decrypts under this key: the deep inventory's check of one row, one
-        call for all its values and no exception per bad value."""
+    def reads_all(self, blobs: Sequence[bytes | None]) -> bool:
+        """Whether every blob (None: no value) decrypts under this key: the deep inventory's check
+        of one row, one call for all its values and no exception per bad value."""
         decrypt = self._aead.decrypt
         try:
             for blob in blobs:
+                if blob is None:
+                    continue
                 if len(blob) < NONCE_LEN + TAG_LEN:
                     return False
                 decrypt(blob[:NONCE_LEN], blob[NONCE_LEN:], None)
