@@ -45,7 +45,7 @@ def key_versions(profile: PinProfile) -> dict[Any, int]:
 
 def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_columns(
         database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
-        make_role: Callable[[str], str]) -> None:
+        make_role: Callable[[str], str], prefect_api: str) -> None:
     profile = seed_profile(database_url, tmp_path, rows=30)
     app = new_role(pg_conn, make_role, "app")
     statements = grant(profile, app)
@@ -56,7 +56,9 @@ def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_colum
         conn.execute("UPDATE profile.persons SET updated_at = now()")
 
     config = config_as(profile, tmp_path, app)
-    code, doc, err = cli("run", "--config", config, "--json")
+    # The session's Prefect server: the subject is the role's privileges, not Prefect's temporary
+    # server (a run without PREFECT_API_URL is test_readme_own_database's and test_flow_orchestrator's).
+    code, doc, err = cli("run", "--config", config, "--json", env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err
     assert doc["targets"]["Person"]["reencrypted"] == 30 and key_versions(profile) == {2: 30}
     code, doc, err = cli("inventory", "--config", config, "--json")
