@@ -14,7 +14,6 @@ import os
 import secrets
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.forge_bootstrap import bootstrap_props, java_store
-from tests.pinprofile import cli
+from tests.pinprofile import cli_all
 from tests.vault_server import BaoAdmin
 
 COMMANDS = (("inventory",), ("run",), ("gate", "--retire", "1"))
@@ -175,16 +174,9 @@ def _clean_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_commands(config: Path, env: dict[str, str]) -> list[tuple[int, Any, str]]:
-    """(exit code, stdout, stderr) of each of COMMANDS on ``config``, in COMMANDS' order.
-
-    Each is its own ``python -m flows.rotate`` process, as an operator runs them; they only read and
-    are refused, so they are started together: most of each one is the interpreter's start and its
-    imports, which the machine's other core can do meanwhile.
-    """
-    with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
-        futures = [pool.submit(cli, *command, "--config", str(config), env=env, check_json=False)
-                   for command in COMMANDS]
-        return [f.result() for f in futures]
+    """(exit code, stdout, stderr) of each of COMMANDS on ``config``, in COMMANDS' order: each its
+    own process, started together (they only read and are refused)."""
+    return cli_all([[*command, "--config", str(config)] for command in COMMANDS], env=env, check_json=False)
 
 
 def assert_refused_without_the_key(code: int, out: Any, err: str, key: bytes, line: int | None = None) -> None:
