@@ -99,9 +99,10 @@ class PgServer:
     """One PostgreSQL server the tests may create databases on.
 
     ``ahead``: the next empty database is created while the current test runs, in a thread of its
-    own (CREATE DATABASE copies template1, ~0.1 s a test); only on servers other than the session's
-    embedded one, which are shared with other sessions anyway. The embedded server's replica and
-    its throttle tests look at server-wide WAL and sessions, so it creates each database on demand.
+    own (CREATE DATABASE copies template1, ~0.1 s a test). On the session's embedded server only
+    until its streaming replica starts (``tests/pg_replica.py`` stops it): from then on, the replica
+    and the throttle tests look at server-wide WAL and sessions, which a CREATE DATABASE in the
+    background would add to. Servers shared with other sessions (pg15) keep it for the session.
     """
 
     name: str
@@ -138,7 +139,8 @@ class PgServer:
         return url
 
     def stop_creating_ahead(self) -> None:
-        """Waits for the database being created ahead (it is dropped with the others)."""
+        """No more databases ahead; waits for the one being created (it is dropped with the others)."""
+        self.ahead = False
         if self._creator is not None:
             self._creator.shutdown(wait=True)
             self._creator = None
@@ -203,8 +205,7 @@ class _PgRegistry:
                 version = conn.info.server_version
                 if server_id != "embedded":
                     _drop_stale_databases(conn, version)
-            self._servers[server_id] = PgServer(name=server_id, admin_url=url, server_version=version,
-                                                ahead=server_id != "embedded")
+            self._servers[server_id] = PgServer(name=server_id, admin_url=url, server_version=version, ahead=True)
         return self._servers[server_id]
 
     def _start_embedded(self) -> str:
@@ -231,6 +232,7 @@ class _PgRegistry:
 
     def close(self) -> None:
         for server in self._servers.values():
+            server.stop_creating_ahead()
             if server.name != "embedded":
                 with contextlib.suppress(psycopg.Error):
                     server.drop_all()

@@ -195,6 +195,9 @@ def logical_decoding() -> Iterator[str]:
 def pg_replica(_pg_registry: object) -> Iterator[Replica]:
     """A streaming replica of the embedded test server (started once, on first use)."""
     server = _pg_registry.get("embedded")  # type: ignore[attr-defined]
+    # From here on every test on this server has a standby and may look at server-wide WAL and
+    # sessions: no more CREATE DATABASE in the background (see PgServer.ahead).
+    server.stop_creating_ahead()
     with start_replica(server.admin_url) as replica:
         yield replica
 
