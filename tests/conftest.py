@@ -99,8 +99,8 @@ class PgServer:
     """One PostgreSQL server the tests may create databases on.
 
     ``ahead``: the next empty database is created while the current test runs, in a thread of its
-    own (CREATE DATABASE copies template1, ~0.1 s a test). On the session's embedded server only
-    until its streaming replica starts (``tests/pg_replica.py`` stops it): from then on, the replica
+    own (CREATE DATABASE copies template1, ~0.1 s a test). On the session's embedded server not
+    while a streaming replica of it runs (``tests/pg_replica.py`` stops and restarts it): the replica
     and the throttle tests look at server-wide WAL and sessions, which a CREATE DATABASE in the
     background would add to. Servers shared with other sessions (pg15) keep it for the session.
     """
