@@ -26,8 +26,10 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -94,20 +96,55 @@ def database_url_for(admin_url: str, dbname: str) -> str:
 
 @dataclass
 class PgServer:
-    """One PostgreSQL server the tests may create databases on."""
+    """One PostgreSQL server the tests may create databases on.
+
+    ``ahead``: the next empty database is created while the current test runs, in a thread of its
+    own (CREATE DATABASE copies template1, ~0.1 s a test). On the session's embedded server not
+    while a streaming replica of it runs (``tests/pg_replica.py`` stops and restarts it): the replica
+    and the throttle tests look at server-wide WAL and sessions, which a CREATE DATABASE in the
+    background would add to. Servers shared with other sessions (pg15) keep it for the session.
+    """
 
     name: str
     admin_url: str
     server_version: int = 0
+    ahead: bool = False
     _created: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _next: Future[str] | None = field(default=None, repr=False)
+    _creator: ThreadPoolExecutor | None = field(default=None, repr=False)
 
-    def create_database(self) -> str:
-        """A fresh empty database; a libpq URL to it. Dropped by ``drop_database`` or at session end."""
+    def _create_now(self) -> str:
         dbname = f"pinrotate_t{_HOST_TAG}_{os.getpid()}_{next(_db_counter)}_{secrets.token_hex(3)}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        self._created.append(dbname)
+        with self._lock:
+            self._created.append(dbname)
         return database_url_for(self.admin_url, dbname)
+
+    def create_database(self) -> str:
+        """A fresh empty database; a libpq URL to it. Dropped by ``drop_database`` or at session end."""
+        if not self.ahead:
+            return self._create_now()
+        if self._creator is None:
+            self._creator = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pg-{self.name}-ahead")
+        ready, self._next = self._next, None
+        url = None
+        if ready is not None:
+            with contextlib.suppress(psycopg.Error):  # a failed creation ahead is retried on demand
+                url = ready.result()
+        if url is None:
+            url = self._create_now()
+        self._next = self._creator.submit(self._create_now)
+        return url
+
+    def stop_creating_ahead(self) -> None:
+        """No more databases ahead; waits for the one being created (it is dropped with the others)."""
+        self.ahead = False
+        if self._creator is not None:
+            self._creator.shutdown(wait=True)
+            self._creator = None
+        self._next = None
 
     @contextlib.contextmanager
     def fresh_database(self) -> Iterator[str]:
@@ -123,11 +160,15 @@ class PgServer:
         force = sql.SQL(" WITH (FORCE)") if self.server_version >= 130000 else sql.SQL("")
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(dbname), force))
-        if dbname in self._created:
-            self._created.remove(dbname)
+        with self._lock:
+            if dbname in self._created:
+                self._created.remove(dbname)
 
     def drop_all(self) -> None:
-        for dbname in list(self._created):
+        self.stop_creating_ahead()
+        with self._lock:
+            left = list(self._created)
+        for dbname in left:
             self.drop_database(database_url_for(self.admin_url, dbname))
 
 
@@ -164,7 +205,7 @@ class _PgRegistry:
                 version = conn.info.server_version
                 if server_id != "embedded":
                     _drop_stale_databases(conn, version)
-            self._servers[server_id] = PgServer(name=server_id, admin_url=url, server_version=version)
+            self._servers[server_id] = PgServer(name=server_id, admin_url=url, server_version=version, ahead=True)
         return self._servers[server_id]
 
     def _start_embedded(self) -> str:
@@ -191,6 +232,7 @@ class _PgRegistry:
 
     def close(self) -> None:
         for server in self._servers.values():
+            server.stop_creating_ahead()
             if server.name != "embedded":
                 with contextlib.suppress(psycopg.Error):
                     server.drop_all()

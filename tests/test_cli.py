@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -29,9 +30,16 @@ def test_inventory_gate_and_keys_never_import_prefect(primary_database_url: str,
     profile = seed_profile(primary_database_url, tmp_path, rows=40)
     probe = ("import sys, flows.cli as c; rc = c.main(sys.argv[1:]); "
              "print('PREFECT_LOADED' if 'prefect' in sys.modules else 'NO_PREFECT', file=sys.stderr); sys.exit(rc)")
-    for args in (["inventory"], ["gate", "--retire", "1"], ["keys", "list"]):
-        proc = subprocess.run([sys.executable, "-c", probe, *args, "--config", str(profile.config_path)],
+    commands = (["inventory"], ["gate", "--retire", "1"], ["keys", "list"])
+
+    def probe_run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", probe, *args, "--config", str(profile.config_path)],
                               cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    # Three processes at once: they only read (the gate answers closed), so none changes another's answer.
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        procs = list(pool.map(probe_run, commands))
+    for args, proc in zip(commands, procs, strict=True):
         assert "NO_PREFECT" in proc.stderr, (args, proc.stderr)
 
 

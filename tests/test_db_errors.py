@@ -23,7 +23,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.db import database_identity, make_engine, raw_connection
 from pinrotate_core.errors import DatabaseUnavailable
-from tests.pinprofile import cli, seed_profile, write_config
+from tests.pinprofile import cli_all, seed_profile, write_config
 
 PASSWORD = "Pw-not-to-be-shown-31f9"
 COMMANDS = (["inventory"], ["gate", "--retire", "1"], ["run"])
@@ -44,9 +44,12 @@ def _with(url: str, *, user: str | None = None, database: str | None = None) -> 
     return urlunsplit((parts.scheme, netloc, path, parts.query, parts.fragment))
 
 
-def _assert_one_line_exit_4(args: list[str], config: Path, *named: str) -> None:
-    for json_flag in ([], ["--json"]):
-        code, out, err = cli(*args, "--config", str(config), *json_flag)
+def _assert_one_line_exit_4(commands: tuple[list[str], ...], config: Path, *named: str) -> None:
+    """Every command, with and without ``--json``: each its own process, all started together
+    (none of them reaches the database, so none can change what another sees)."""
+    runs = [(args, json_flag) for args in commands for json_flag in ([], ["--json"])]
+    results = cli_all([[*args, "--config", str(config), *json_flag] for args, json_flag in runs])
+    for (args, json_flag), (code, out, err) in zip(runs, results, strict=True):
         assert code == 4, (args, json_flag, err)
         assert "Traceback" not in err and PASSWORD not in err and PASSWORD not in str(out)
         lines = [line for line in err.splitlines() if line.strip()]
@@ -76,24 +79,21 @@ def test_a_port_nobody_listens_on_is_one_line_and_exit_4_for_every_command(tmp_p
                                                                            keyring_file: Path) -> None:
     port = _free_loopback_port()
     config = write_config(tmp_path / "p.toml", f"postgresql://app:{PASSWORD}@127.0.0.1:{port}/profile", keyring_file)
-    for args in COMMANDS:
-        _assert_one_line_exit_4(args, config, '"profile"', f"127.0.0.1:{port}", 'user "app"', "Connection refused")
+    _assert_one_line_exit_4(COMMANDS, config, '"profile"', f"127.0.0.1:{port}", 'user "app"', "Connection refused")
 
 
 def test_a_database_that_does_not_exist_is_named_with_the_servers_reason(
         primary_database_url: str, tmp_path: Path, keyring_file: Path) -> None:
     url = _with(primary_database_url, database="no_such_database_x")
     config = write_config(tmp_path / "p.toml", url, keyring_file)
-    for args in COMMANDS:
-        _assert_one_line_exit_4(args, config, '"no_such_database_x"', 'database "no_such_database_x" does not exist')
+    _assert_one_line_exit_4(COMMANDS, config, '"no_such_database_x"', 'database "no_such_database_x" does not exist')
 
 
 def test_a_role_that_does_not_exist_is_named_with_the_servers_reason(
         primary_database_url: str, tmp_path: Path, keyring_file: Path) -> None:
     url = _with(primary_database_url, user="no_such_role_x")
     config = write_config(tmp_path / "p.toml", url, keyring_file)
-    for args in COMMANDS:
-        _assert_one_line_exit_4(args, config, 'user "no_such_role_x"', "no_such_role_x")
+    _assert_one_line_exit_4(COMMANDS, config, 'user "no_such_role_x"', "no_such_role_x")
 
 
 def test_a_wrong_user_is_not_retried_but_an_outage_is(primary_database_url: str) -> None:
@@ -158,8 +158,7 @@ def test_a_server_stopped_mid_run_stops_fail_closed_without_a_traceback(
     assert "Traceback" not in capfd.readouterr().err
 
     # The server stays down: every command answers with one line and exit 4.
-    for args in COMMANDS:
-        _assert_one_line_exit_4(args, profile.config_path, '"profile_doomed"')
+    _assert_one_line_exit_4(COMMANDS, profile.config_path, '"profile_doomed"')
 
 
 def test_the_database_identity_names_the_server_address_without_a_netmask(database_url: str) -> None:

@@ -29,7 +29,7 @@ from pinrotate_core.conflicts import NO_TENANT, record_conflicts
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
-from tests.pinprofile import cli
+from tests.pinprofile import cli, cli_all
 
 from .helpers import assert_secret_free
 from .test_fpc1_migration import K1, K2, fpc1, write_keys
@@ -104,6 +104,17 @@ class Shared:
         assert_secret_free(str(out) + err, *self.material.values(), *self.plain)
         return code, out, err
 
+    def closed_gates(self, *calls: tuple[tuple[str, ...], bool]) -> list[tuple[int, Any, str]]:
+        """``gate`` for each (args, json_out), all started together: only for gates that answer
+        closed, which read and write nothing (an open one settles, waiting for what is in flight)."""
+        config = str(self.config())
+        results = cli_all([["gate", "--config", config, *args, *(("--json",) if json_out else ())]
+                           for args, json_out in calls], env={"PINROTATE_HOME": str(self.tmp / "home")})
+        for code, out, err in results:
+            assert code == 3, err
+            assert_secret_free(str(out) + err, *self.material.values(), *self.plain)
+        return results
+
 
 @pytest.fixture
 def shared(database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> Shared:
@@ -128,7 +139,9 @@ def test_a_tenant_gate_stays_closed_while_another_tenant_holds_rows_on_the_key(s
     assert gate["slice"]["decides"] is False and gate["slice"]["tenant"] == "A"
     assert {n: t["on_key"] for n, t in gate["slice"]["targets"].items()} == {ALPHA: 0, BETA: 0}
 
-    code, doc, err = shared.gate("--retire", "1", "--tenant", "A")
+    (code, doc, err), (code_erase, doc_erase, err_erase), (code_text, text, err_text) = shared.closed_gates(
+        (("--retire", "1", "--tenant", "A"), True), (("--retire", "1", "--tenant", "A", "--erase-excluded"), True),
+        (("--retire", "1", "--tenant", "A"), False))
     assert code == 3, err
     assert doc["open"] is False and doc["blocking"]["HISTORICAL"] == 11 and doc["blocking"]["EXCLUDED"] == 0
     assert doc["verdict_over"] == "every configured target and tenant"
@@ -136,10 +149,8 @@ def test_a_tenant_gate_stays_closed_while_another_tenant_holds_rows_on_the_key(s
     assert doc["slice"]["decides"] is False and doc["slice"]["tenant"] == "A"
     assert doc["slice"]["targets"][ALPHA]["on_key"] == 0
     # Accepting to erase EXCLUDED rows changes nothing: other tenants' rows are not excluded from the whole.
-    code, doc, err = shared.gate("--retire", "1", "--tenant", "A", "--erase-excluded")
-    assert code == 3 and doc["open"] is False and doc["blocking"]["HISTORICAL"] == 11, err
-    code, text, err = shared.gate("--retire", "1", "--tenant", "A", json_out=False)
-    assert code == 3 and "CLOSED" in text and "over every configured target and tenant" in text, err
+    assert code_erase == 3 and doc_erase["open"] is False and doc_erase["blocking"]["HISTORICAL"] == 11, err_erase
+    assert code_text == 3 and "CLOSED" in text and "over every configured target and tenant" in text, err_text
     assert "slice of tenant A (shown only, does not decide)" in text
 
     # Only a run over every tenant takes the rest; then the key may go.
@@ -231,17 +242,16 @@ def test_excluded_rows_on_the_key_close_the_gate_until_erasing_them_is_accepted(
     shared.add("alpha", 3, key="2", ref=None)                    # require_not_null, on key 2
     shared.add("beta", 2, key="3")
 
-    code, doc, err = shared.gate("--retire", "1")
+    (code, doc, err), (code_text, text, err_text), (code_2, doc_2, err_2) = shared.closed_gates(
+        (("--retire", "1"), True), (("--retire", "1"), False), (("--retire", "2"), True))
     assert code == 3, err
     assert {c: n for c, n in doc["blocking"].items() if n} == {"EXCLUDED": 3}
     assert doc["erase_excluded"] is False
     assert doc["excluded_on_key"] == {ALPHA: {"require_not_null": 1, "soft_delete": 2}}
     assert doc["targets"][ALPHA]["excluded_on_key"] == 3 and doc["targets"][ALPHA]["on_key"] == 0
-    code, text, err = shared.gate("--retire", "1", json_out=False)
-    assert code == 3 and "gate --retire 1 --erase-excluded" in text and "soft_delete=2" in text, err
+    assert code_text == 3 and "gate --retire 1 --erase-excluded" in text and "soft_delete=2" in text, err_text
     # Key 2: only its own excluded rows count (values on other old keys do not block it).
-    code, doc, err = shared.gate("--retire", "2")
-    assert code == 3 and doc["excluded_on_key"] == {ALPHA: {"require_not_null": 3}}, err
+    assert code_2 == 3 and doc_2["excluded_on_key"] == {ALPHA: {"require_not_null": 3}}, err_2
 
     record = tmp_path / "record.json"
     code, doc, err = shared.gate("--retire", "1", "--erase-excluded", "--ticket", "CHG-1", "--record", str(record))

@@ -33,7 +33,7 @@ from pinrotate_core.providers.env import EnvKeyProvider
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.k8s import K8sDirKeyProvider
 from tests.helpers import assert_secret_free, url_as
-from tests.pinprofile import PinProfile, cli, seed_profile
+from tests.pinprofile import PinProfile, cli, cli_all, seed_profile
 
 TABLES = ("persons", "person_documents", "requisite_templates", "verification_requests")
 
@@ -113,11 +113,12 @@ def test_a_dry_run_and_a_gate_only_compare_and_the_gate_says_when_no_check_value
     assert code == 0, err[-3000:]
     assert not table_exists(primary_database_url)  # a dry run never writes, not even the check values
 
-    code, doc, err = cli("gate", "--retire", "1", "--config", cfg, "--json")
+    # Both gates at once: closed (every row on key 1), they read only.
+    (code, doc, err), (_, human, _) = cli_all([["gate", "--retire", "1", "--config", cfg, "--json"],
+                                              ["gate", "--retire", "1", "--config", cfg]])
     assert code == 3, err[-3000:]
     assert doc["key_identity"]["recorded"] is False and "no check value was recorded for key 1" in \
         doc["key_identity"]["note"]
-    code, human, _ = cli("gate", "--retire", "1", "--config", cfg)
     assert "no check value was recorded for key 1" in human
     assert not table_exists(primary_database_url)  # nor does a gate
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.forge_bootstrap import bootstrap_props, java_store
-from tests.pinprofile import cli
+from tests.pinprofile import cli_all
 from tests.vault_server import BaoAdmin
 
 COMMANDS = (("inventory",), ("run",), ("gate", "--retire", "1"))
@@ -173,6 +173,12 @@ def _clean_env(extra: dict[str, str]) -> dict[str, str]:
     return {**{k: "" for k in os.environ if k.startswith(("PINROTATE_KEY_", "FORGE_CRYPTO_"))}, **extra}
 
 
+def run_commands(config: Path, env: dict[str, str]) -> list[tuple[int, Any, str]]:
+    """(exit code, stdout, stderr) of each of COMMANDS on ``config``, in COMMANDS' order: each its
+    own process, started together (they only read and are refused)."""
+    return cli_all([[*command, "--config", str(config)] for command in COMMANDS], env=env, check_json=False)
+
+
 def assert_refused_without_the_key(code: int, out: Any, err: str, key: bytes, line: int | None = None) -> None:
     text = f"{out}\n{err}"
     assert code in (2, 4), text[-3000:]
@@ -192,8 +198,7 @@ def test_a_damaged_key_source_is_refused_without_echoing_the_key(
         case: str, primary_database_url: str, tmp_path: Path) -> None:
     spec = CASES[case](tmp_path)
     config = _config(tmp_path, primary_database_url, spec)
-    for command in COMMANDS:
-        code, out, err = cli(*command, "--config", str(config), env=_clean_env(spec.env), check_json=False)
+    for code, out, err in run_commands(config, _clean_env(spec.env)):
         assert_refused_without_the_key(code, out, err, spec.key, spec.names_line)
 
 
@@ -217,7 +222,5 @@ def test_a_damaged_vault_kv_secret_is_refused_without_echoing_the_key(
     spec = Case(key, f'provider = "vault-kv"\n[keys.vault]\naddr = "{openbao.addr}"\nmount = "secret"\n'
                      f'path = "{path}"\n')
     config = _config(tmp_path, primary_database_url, spec)
-    for command in COMMANDS:
-        code, out, err = cli(*command, "--config", str(config), env=_clean_env({"VAULT_TOKEN": openbao.token}),
-                             check_json=False)
+    for code, out, err in run_commands(config, _clean_env({"VAULT_TOKEN": openbao.token})):
         assert_refused_without_the_key(code, out, err, key)

@@ -16,7 +16,7 @@ from psycopg import sql
 
 from pinrotate_core import key_checks
 from tests.helpers import url_as
-from tests.pinprofile import PinProfile, cli, seed_profile, write_config
+from tests.pinprofile import PinProfile, cli, cli_all, seed_profile, write_config
 
 
 def new_role(pg_conn: psycopg.Connection[Any], make_role: Callable[[str], str], prefix: str) -> str:
@@ -45,7 +45,7 @@ def key_versions(profile: PinProfile) -> dict[Any, int]:
 
 def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_columns(
         database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
-        make_role: Callable[[str], str]) -> None:
+        make_role: Callable[[str], str], prefect_api: str) -> None:
     profile = seed_profile(database_url, tmp_path, rows=30)
     app = new_role(pg_conn, make_role, "app")
     statements = grant(profile, app)
@@ -56,7 +56,9 @@ def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_colum
         conn.execute("UPDATE profile.persons SET updated_at = now()")
 
     config = config_as(profile, tmp_path, app)
-    code, doc, err = cli("run", "--config", config, "--json")
+    # The session's Prefect server: the subject is the role's privileges, not Prefect's temporary
+    # server (a run without PREFECT_API_URL is test_readme_own_database's and test_flow_orchestrator's).
+    code, doc, err = cli("run", "--config", config, "--json", env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err
     assert doc["targets"]["Person"]["reencrypted"] == 30 and key_versions(profile) == {2: 30}
     code, doc, err = cli("inventory", "--config", config, "--json")
@@ -75,13 +77,16 @@ def test_a_read_only_auditor_inventories_and_gates_with_the_owners_answer_and_ca
         conn.execute("UPDATE profile.persons SET key_version = key_version")
     config = config_as(profile, tmp_path, auditor)
 
-    code, inv, err = cli("inventory", "--config", config, "--json")
+    # The auditor's and the owner's inventories and gates at once: all of them read only (every row is
+    # on key 1, so the gates answer closed without settling).
+    (code, inv, err), (_, owner_inv, _), (gate_code, gate, gate_err), (owner_code, owner_gate, _) = cli_all([
+        ["inventory", "--config", config, "--json"], ["inventory", "--config", str(profile.config_path), "--json"],
+        ["gate", "--retire", "1", "--config", config, "--json"],
+        ["gate", "--retire", "1", "--config", str(profile.config_path), "--json"]])
     assert code == 0, err
-    _, owner_inv, _ = cli("inventory", "--config", str(profile.config_path), "--json")
     assert inv["targets"] == owner_inv["targets"]  # the same counts, nothing BLOCKED for lack of UPDATE
-    code, gate, err = cli("gate", "--retire", "1", "--config", config, "--json")
-    owner_code, owner_gate, _ = cli("gate", "--retire", "1", "--config", str(profile.config_path), "--json")
-    assert (code, gate["open"], gate["blocking"]) == (owner_code, owner_gate["open"], owner_gate["blocking"]), err
+    assert (gate_code, gate["open"], gate["blocking"]) == (owner_code, owner_gate["open"], owner_gate["blocking"]), \
+        gate_err
 
     code, _, err = cli("run", "--config", config)
     assert code == 2
