@@ -21,6 +21,7 @@ Shapes:
 - ``id_locked_pipelined``: the same with session-level timeouts and psycopg's pipeline mode (two
   round trips a batch instead of seven).
 - ``id_locked_ctid``: that, with the write joined on ``ctid`` (no second primary-key probe).
+- ``id_optimistic``: no row lock; the write, joined on the primary key, compares ``xmin`` instead.
 - ``id_optimistic_ctid``: no row lock; the write compares ``ctid`` and ``xmin`` instead.
 - ``read_locked`` / ``read``: the read of ``id_locked`` alone, with and without its row locks
   (each batch rolled back): what the write adds is the difference.
@@ -120,12 +121,12 @@ def _write(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], pipelined
     """rows: (id, ctid, xmin, *values)."""
     cols = list(zip(*rows))
     values = [list(cols[3 + i]) for i in range(len(COLS))]
-    if not ctid:
-        update = (f"UPDATE profile.persons t SET {SETS} FROM unnest(%b::uuid[], {VALUES}) AS u(id, {NAMES}) "
-                  "WHERE t.id = u.id AND t.key_version < 2")
-        _commit(conn, pipelined, update, [list(cols[0]), *values])
-        return
     guard = "" if lock else " AND t.xmin = u.x::xid"
+    if not ctid:
+        update = (f"UPDATE profile.persons t SET {SETS} FROM unnest(%b::uuid[], %b::text[], {VALUES}) "
+                  f"AS u(id, x, {NAMES}) WHERE t.id = u.id AND t.key_version < 2{guard}")
+        _commit(conn, pipelined, update, [list(cols[0]), list(cols[2]), *values])
+        return
     update = (f"UPDATE profile.persons t SET {SETS} FROM unnest(%b::tid[], %b::uuid[], %b::text[], {VALUES}) "
               f"AS u(ct, id, x, {NAMES}) WHERE t.ctid = u.ct AND t.id = u.id AND t.key_version < 2{guard}")
     _commit(conn, pipelined, update, [list(cols[1]), list(cols[0]), list(cols[2]), *values])
@@ -183,6 +184,7 @@ SHAPES: dict[str, Callable[[psycopg.Connection[Any], int], int]] = {
     "id_locked": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=True),
     "id_locked_pipelined": lambda c, b: by_id(c, b, pipelined=True, ctid=False, lock=True),
     "id_locked_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=True),
+    "id_optimistic": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=False),
     "id_optimistic_ctid": lambda c, b: by_id(c, b, pipelined=True, ctid=True, lock=False),
     "read_locked": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=True, write=False),
     "read": lambda c, b: by_id(c, b, pipelined=False, ctid=False, lock=False, write=False),

@@ -45,8 +45,12 @@ class ResolvedTarget:
     key_version: Column | None
     columns: tuple[Column, ...]
     # triggers = "disable": every writing batch runs SET LOCAL session_replication_role = replica
-    # (see ``begin_writing_batch``); checked at resolve time that the role may set it.
+    # (see ``writing_batch_begin``); checked at resolve time that the role may set it.
     disable_triggers: bool = False
+    # A plain table with no inheritance children: a row version is found again by its ``ctid``
+    # (one heap fetch, no second primary-key probe). Partitioned and inherited tables are written
+    # joined on the id (a ``ctid`` is only unique within one heap).
+    by_ctid: bool = False
 
     @property
     def name(self) -> str:
@@ -93,6 +97,8 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
                 (oid,),
             ).fetchall()
         }
+        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass FROM pg_class WHERE oid = %s",
+                            (oid,)).fetchone()
         pk_row = conn.execute(
             """
             SELECT array_agg(a.attname::text ORDER BY a.attnum)
@@ -141,7 +147,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     _check_row_security(conn, t, oid)
     disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
-                          disable_triggers=disable_triggers)
+                          disable_triggers=disable_triggers, by_ctid=bool(kind and kind[0]))
 
 
 def read_columns(t: TargetSettings) -> list[str]:
@@ -281,11 +287,17 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     return True
 
 
-def begin_writing_batch(conn: psycopg.Connection[Any], target: ResolvedTarget) -> None:
-    """Call right after BEGIN of every transaction that writes a batch of ``target``.
+def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None) -> sql.Composed:
+    """The BEGIN of every transaction that writes a batch of ``target``, with its ``SET LOCAL``s,
+    as one statement string (one round trip; no parameters, so several statements may be sent).
 
+    ``lock_wait``: this transaction's lock_timeout in seconds (None: the session's).
     ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
     (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
     """
+    parts: list[sql.Composable] = [sql.SQL("BEGIN")]
+    if lock_wait is not None:
+        parts.append(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{max(1, int(lock_wait * 1000))}ms")))
     if target.disable_triggers:
-        conn.execute("SET LOCAL session_replication_role = replica")
+        parts.append(sql.SQL("SET LOCAL session_replication_role = replica"))
+    return sql.SQL("; ").join(parts)

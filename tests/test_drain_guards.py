@@ -8,7 +8,7 @@ import pytest
 
 from pinrotate_core.drain.counting import CountsStaleValues
 from pinrotate_core.drain.guard_cas import CasGuard, SettlesMisses
-from pinrotate_core.drain.guard_lock import KeyVersioned
+from pinrotate_core.drain.guard_version import KeyVersioned
 from pinrotate_core.drain.run import GUARDS
 from pinrotate_core.schemes.aesgcm import AesGcmScheme
 from pinrotate_core.schemes.fpc1 import Fpc1Scheme
@@ -18,11 +18,11 @@ from pinrotate_core.schemes.transit import TransitScheme
 def test_each_scheme_offers_what_its_own_guard_asks_and_nothing_of_the_other() -> None:
     assert GUARDS[Fpc1Scheme.guard] is CasGuard
     assert issubclass(Fpc1Scheme, SettlesMisses) and issubclass(Fpc1Scheme, CountsStaleValues)
-    for row_locked in (AesGcmScheme, TransitScheme):
-        assert GUARDS[row_locked.guard] is not CasGuard
-        assert issubclass(row_locked, KeyVersioned)
+    for row_versioned in (AesGcmScheme, TransitScheme):
+        assert GUARDS[row_versioned.guard] is not CasGuard
+        assert issubclass(row_versioned, KeyVersioned)
         # Rows are locked while written (no miss to settle) and counted as rows.
-        assert not issubclass(row_locked, SettlesMisses) and not issubclass(row_locked, CountsStaleValues)
+        assert not issubclass(row_versioned, SettlesMisses) and not issubclass(row_versioned, CountsStaleValues)
 
 
 def test_a_compare_and_swap_guard_refuses_a_scheme_that_cannot_settle_a_miss() -> None:

@@ -1,14 +1,16 @@
-"""What a drain's locks cost the application, observed on a real PostgreSQL.
+"""What a drain's locks cost the application, observed on a real PostgreSQL (``aesgcm``: the
+row-version write guard).
 
-- Rows are locked ``FOR NO KEY UPDATE``: a child-table insert whose foreign key points at a row of
-  the open batch goes through at once (it takes ``FOR KEY SHARE``), while a ``FOR UPDATE`` of the
-  same row, taken at the same moment, does wait (so the row really is locked then).
-- ``lock_timeout`` and ``statement_timeout`` are set per batch transaction: a batch that waits on a
-  table lock fails after that long with a clean ``db_error`` stop, the batches before it stay, and
-  it writes nothing. A batch transaction left idle longer than ``batch_idle_timeout`` is ended by
-  the server (its rows are freed) and writes nothing.
-- Waits between batches hold no transaction: with a throttle the next batch is still locked while
-  this one is re-encrypted (the pipeline is on), and a paused drain holds nothing open.
+- A batch is read without locks: while it is re-encrypted (or the process is frozen) no pinrotate
+  transaction is open and none of its rows is locked; an application's edit of one of them then
+  goes through at once and is kept (the write misses that row version; the sweep moves the edit).
+- A row the application holds locked at the write is waited on only briefly, then the batch is
+  written again skipping it: the other rows commit, the row is left for the next run, the
+  application's transaction is untouched, even with a ``lock_timeout`` far above the test's bound.
+- ``lock_timeout`` and ``statement_timeout`` bound every statement: a batch that waits on a table
+  lock fails after that long with a clean ``db_error`` stop and writes nothing.
+- Waits between batches hold nothing: with a throttle the next batch is still read while this one
+  is re-encrypted (the pipeline is on), and a paused drain holds nothing open.
 
 Nothing is timed: every wait polls for a state, with a bound against a hang only.
 """
@@ -78,40 +80,73 @@ def drain_person(settings: Settings, hook: Callable[[int, Sequence[Any]], None] 
         ctx.close()
 
 
-def test_a_child_insert_with_a_foreign_key_to_a_row_of_the_open_batch_does_not_wait(pin: PinDb) -> None:
+def test_while_a_batch_is_reencrypted_none_of_its_rows_is_locked_and_an_edit_then_is_kept(pin: PinDb) -> None:
     pin.conn.execute("CREATE TABLE profile.person_notes (id serial PRIMARY KEY,"
                      " person_id uuid NOT NULL REFERENCES profile.persons (id))")
     app = psycopg.connect(pin.url, autocommit=True, application_name="app")
-    other = psycopg.connect(pin.url, autocommit=True, application_name="app-other")
-    seen: list[str] = []
+    seen: list[Any] = []
+    edited: list[Any] = []
 
-    def application_inserts_a_note(batch: int, ids: Sequence[Any]) -> None:
-        if batch != 1:
+    def application_works_on_the_batch(batch: int, ids: Sequence[Any]) -> None:
+        if batch != 1 or edited:  # the pass's first batch only (the sweep's batches count from 1 too)
             return
-        # The row is locked by the open batch now: a FOR UPDATE of it times out ...
-        other.execute("BEGIN")
-        other.execute("SET LOCAL lock_timeout = '100ms'")
-        with pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute("SELECT 1 FROM profile.persons WHERE id = %s FOR UPDATE", (ids[0],))
-        other.execute("ROLLBACK")
-        seen.append("locked")
-        # ... and yet the application's child insert (FOR KEY SHARE on the parent) goes through.
+        # Batch 1 is read and being re-encrypted (a frozen process would be here): no pinrotate
+        # transaction holds anything, so the application locks and edits a row of it at once ...
+        seen.append(our_open_transactions(app))
         app.execute("BEGIN")
         app.execute("SET LOCAL lock_timeout = '100ms'")
-        app.execute("INSERT INTO profile.person_notes (person_id) VALUES (%s)", (ids[0],))
+        seen.append(len(app.execute("SELECT 1 FROM profile.persons WHERE id = %s FOR UPDATE NOWAIT",
+                                    (ids[0],)).fetchall()))
+        app.execute("UPDATE profile.persons SET version = version + 1 WHERE id = %s", (ids[0],))
+        app.execute("INSERT INTO profile.person_notes (person_id) VALUES (%s)", (ids[1],))
         app.execute("COMMIT")
-        seen.append("inserted")
+        edited.append(ids[0])
 
+    before = dict(pin.conn.execute("SELECT id, version FROM profile.persons").fetchall())
     try:
-        result = drain_person(pin.settings(), application_inserts_a_note)
+        result = drain_person(pin.settings(), application_works_on_the_batch)
     finally:
         app.close()
-        other.close()
-    assert seen == ["locked", "inserted"]
-    assert result.stopped is None and result.reencrypted == PERSONS
+    assert seen == [0, 1]
+    # ... and its edit is kept: the drain's write missed that row (not the version it read), the
+    # sweep read it again, with the application's edit, and moved it.
+    assert result.stopped is None and result.reencrypted == PERSONS and result.backlog_remaining == 0
     assert on_key_2(pin) == PERSONS
+    after = dict(pin.conn.execute("SELECT id, version FROM profile.persons").fetchall())
+    assert after[edited[0]] == before[edited[0]] + 1
+    assert all(after[i] == v for i, v in before.items() if i != edited[0])
     notes = pin.conn.execute("SELECT count(*) FROM profile.person_notes").fetchone()
     assert notes is not None and notes[0] == 1
+
+
+def test_a_row_the_application_holds_locked_is_skipped_after_a_short_wait_and_the_batch_still_commits(
+        pin: PinDb, log_lines: list[str]) -> None:
+    app = psycopg.connect(pin.url, autocommit=True, application_name="app")
+    held: list[Any] = []
+
+    def application_holds_a_row(batch: int, ids: Sequence[Any]) -> None:
+        if batch == 1 and not held:  # held for the whole run, as an edit screen left open would
+            app.execute("BEGIN")
+            app.execute("SELECT 1 FROM profile.persons WHERE id = %s FOR UPDATE", (ids[0],))
+            held.append(ids[0])
+
+    try:
+        # lock_timeout far above the test's bound: a drain that waited it out would never finish here.
+        result = drain_person(pin.settings(), application_holds_a_row, lock_timeout=BOUND_S * 10)
+        # The application's transaction is intact: its edit of the row goes through and is kept.
+        app.execute("UPDATE profile.persons SET version = version + 1 WHERE id = %s", (held[0],))
+        app.execute("COMMIT")
+    finally:
+        app.close()
+    assert result.stopped is None
+    assert result.reencrypted == PERSONS - 1 and result.backlog_remaining == 1
+    assert on_key_2(pin) == PERSONS - 1
+    row = pin.conn.execute("SELECT key_version FROM profile.persons WHERE id = %s", (held[0],)).fetchone()
+    assert row is not None and row[0] == 1
+    assert any("event=batch_write_retried" in line for line in log_lines)
+    # Released: the next run moves it.
+    again = drain_person(pin.settings())
+    assert again.reencrypted == 1 and on_key_2(pin) == PERSONS
 
 
 @pytest.mark.parametrize(("timeouts", "sqlstate"), [
@@ -122,93 +157,74 @@ def test_a_batch_blocked_by_a_table_lock_fails_after_the_per_batch_timeout_and_w
         pin: PinDb, timeouts: dict[str, float], sqlstate: str) -> None:
     admin = psycopg.connect(pin.url, autocommit=True, application_name="app-ddl")
     probe = psycopg.connect(pin.url, autocommit=True)
-    lock_taken = threading.Event()
     errors: list[BaseException] = []
 
-    def batches_waiting_on_a_lock() -> int:
-        # A batch's read only: the drain's last count of the backlog queues behind the lock too.
+    def cautious_writes_waiting() -> int:
+        # Batch 1's second try (its first waits on the table for at most a short while): the lock of
+        # its rows, SKIP LOCKED. The drain's last count of the backlog queues behind the lock too.
         row = probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pinrotate'"
-                            " AND wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'").fetchone()
+                            " AND wait_event_type = 'Lock' AND query LIKE '%SKIP LOCKED%'").fetchone()
         return int(row[0]) if row else 0
 
-    def take_the_table() -> None:
-        # Queued behind batches 1 and 2; batch 3 then queues behind it and gives up after its
-        # timeout; release once it has, so that the drain's last count can read the table.
+    def release_once_the_batch_gave_up() -> None:
         try:
-            admin.execute("BEGIN")
-            admin.execute("LOCK TABLE profile.persons IN ACCESS EXCLUSIVE MODE")
-            lock_taken.set()
-            wait_until(lambda: batches_waiting_on_a_lock() > 0, "batch 3 waiting on the table lock")
-            wait_until(lambda: batches_waiting_on_a_lock() == 0, "batch 3 giving up")
+            wait_until(lambda: cautious_writes_waiting() > 0, "batch 1 waiting on the table lock")
+            wait_until(lambda: cautious_writes_waiting() == 0, "batch 1 giving up")
             admin.execute("COMMIT")
         except BaseException as e:  # noqa: BLE001 - handed to the test thread
             errors.append(e)
             admin.execute("ROLLBACK")
 
-    taker = threading.Thread(target=take_the_table, daemon=True)
+    releaser = threading.Thread(target=release_once_the_batch_gave_up, daemon=True)
 
     def ddl_arrives(batch: int, ids: Sequence[Any]) -> None:
-        if batch == 1:
-            # Batch 2 is read and locked ahead while batch 1 is worked: the LOCK queues behind both.
-            wait_until(lambda: our_open_transactions(probe) >= 2, "batch 2 locked ahead")
-            taker.start()
-            wait_until(lambda: (probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
-                                              " 'app-ddl' AND wait_event_type = 'Lock'").fetchone() or (0,))[0] == 1,
-                       "the LOCK TABLE queued")
+        if batch == 1:  # batch 1 is read: its write now queues behind an ACCESS EXCLUSIVE lock
+            admin.execute("BEGIN")
+            admin.execute("LOCK TABLE profile.persons IN ACCESS EXCLUSIVE MODE")
+            releaser.start()
 
     try:
         result = drain_person(pin.settings(), ddl_arrives, **timeouts)
-        taker.join(BOUND_S)
+        releaser.join(BOUND_S)
     finally:
         admin.close()
         probe.close()
     assert not errors, errors
-    assert lock_taken.is_set()
     assert result.stopped == STOP_DB_ERROR and result.fail_closed and result.retryable
     assert result.error is not None and f"SQLSTATE {sqlstate}" in result.error
-    # Batches 1 and 2 committed whole; batch 3 wrote nothing.
-    assert result.reencrypted == 2 * BATCH
-    assert on_key_2(pin) == 2 * BATCH
-    assert result.backlog_remaining == PERSONS - 2 * BATCH
-
-
-def test_a_batch_left_idle_past_batch_idle_timeout_is_ended_by_the_server_and_writes_nothing(pin: PinDb) -> None:
-    probe = psycopg.connect(pin.url, autocommit=True)
-    held: list[int] = []
-
-    def process_freezes(batch: int, ids: Sequence[Any]) -> None:
-        if batch == 1:
-            held.append(our_open_transactions(probe))
-            # A frozen process: the server ends the idle batch transactions and frees their rows.
-            wait_until(lambda: our_open_transactions(probe) == 0, "the idle batches ended by the server")
-            held.append(len(probe.execute("SELECT id FROM profile.persons WHERE id = %s FOR UPDATE NOWAIT",
-                                          (ids[0],)).fetchall()))
-
-    try:
-        result = drain_person(pin.settings(), process_freezes, idle_timeout=0.5)
-    finally:
-        probe.close()
-    assert held[0] >= 1 and held[1] == 1  # was held, then free for anyone
-    assert result.stopped == STOP_DB_ERROR and result.fail_closed and result.retryable
-    assert result.error is not None and "SQLSTATE 25P03" in result.error, result.error
+    # Batch 1 wrote nothing, and nothing after it ran.
     assert result.reencrypted == 0
     assert on_key_2(pin) == 0
+    assert result.backlog_remaining == PERSONS
 
 
-def test_with_a_throttle_the_next_batch_is_locked_while_this_one_is_reencrypted(pin: PinDb) -> None:
-    probe = psycopg.connect(pin.url, autocommit=True)
-    open_at_batch_1: list[int] = []
+class CountingThrottle(Throttle):
+    """A throttle that counts the reader's calls: one before every batch is read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def before_batch(self, *args: Any, **kwargs: Any) -> None:
+        super().before_batch(*args, **kwargs)
+        self.calls += 1
+
+
+def test_with_a_throttle_the_next_batch_is_read_while_this_one_is_reencrypted(pin: PinDb) -> None:
+    throttles: list[CountingThrottle] = []
+    calls_at_batch_1: list[int] = []
 
     def look(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
-            wait_until(lambda: our_open_transactions(probe) >= 2, "batch 2 locked ahead of batch 1's write")
-            open_at_batch_1.append(our_open_transactions(probe))
+            wait_until(lambda: throttles[0].calls >= 2, "batch 2 read ahead of batch 1's write")
+            calls_at_batch_1.append(throttles[0].calls)
 
-    try:
-        result = drain_person(pin.settings(), look, throttle=lambda ctx: Throttle(ctx.engine, BatchSizer(BATCH)))
-    finally:
-        probe.close()
-    assert open_at_batch_1 and open_at_batch_1[0] >= 2
+    def make_throttle(ctx: rotation.RunContext) -> Throttle:
+        throttles.append(CountingThrottle(ctx.engine, BatchSizer(BATCH)))
+        return throttles[0]
+
+    result = drain_person(pin.settings(), look, throttle=make_throttle)
+    assert calls_at_batch_1 and calls_at_batch_1[0] >= 2
     assert result.stopped is None and result.reencrypted == PERSONS
 
 

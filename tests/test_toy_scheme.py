@@ -29,7 +29,7 @@ from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Keyring
 from pinrotate_core.schemes import FormatRules, known_formats
 from pinrotate_core.schemes.aesgcm import classify_version
-from pinrotate_core.schemes.base import BatchPlan, FailedRow, IntegerVersions, RowLocked, ValueClass, Write
+from pinrotate_core.schemes.base import BatchPlan, FailedRow, IntegerVersions, RowVersioned, ValueClass, Write
 from pinrotate_core.schemes.registry import register, scheme_class
 from pinrotate_core.targets import Column, ResolvedTarget
 
@@ -54,7 +54,7 @@ def unseal(key: bytes, value: str) -> bytes:
         raise CiphertextInvalid("not a toy value") from None
 
 
-class ToyScheme(IntegerVersions, RowLocked):
+class ToyScheme(IntegerVersions, RowVersioned):
     """TEST ONLY. Integer key versions (``IntegerVersions``: NEWER above current), the row lock."""
 
     name: ClassVar[str] = TOY

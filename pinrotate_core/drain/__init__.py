@@ -1,17 +1,16 @@
 """The batch drain: move every in-scope value of a target from older keys to the current key.
 
 One pipeline for every scheme: keyset pagination by id (``id > last``) over the rows the scheme
-calls stale and the scope rule admits, one transaction per batch, the scheme's write guard (rows
-locked ``FOR NO KEY UPDATE SKIP LOCKED``, or compare-and-swap on the values read), set-based
-writes, workers owning disjoint id ranges, sweeps for rows that were locked by someone else (a
-compare-and-swap write locks its rows ``SKIP LOCKED`` too: it never waits on an application), stop
-rules between batches, and a durability barrier before it reports. A provider failure rolls the
+calls stale and the scope rule admits, read without row locks, one short write transaction per
+batch, the scheme's write guard (compare-and-swap on the row version read, or on the values read),
+set-based writes, workers owning disjoint id ranges, sweeps for rows that someone else held locked
+or changed, stop rules between batches, and a durability barrier before it reports. A provider failure rolls the
 open batch back and stops the target; a value that does not decrypt is left unchanged and
 reported. It never writes anything but the cipher columns (and the key-version column), and never
 a row out of scope.
 
 Its parts: ``run`` (one target's drain: workers, sweeps, barrier, result), ``pipeline`` (the batch
-loop over its connections), ``guards`` with ``guard_lock`` and ``guard_cas`` (the write guards and
+loop over its connections), ``guards`` with ``guard_version`` and ``guard_cas`` (the write guards and
 their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting`` (backlog counts),
 ``shards`` (shard planning), ``options`` and ``results`` (what it is asked, what it reports),
 ``heap`` (gc freezing while drains run). It never imports rotation, the gate or the flows.

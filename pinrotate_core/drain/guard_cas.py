@@ -40,8 +40,14 @@ class CasGuard:
         self.target = scheme.target
         self._statements: dict[tuple[int, ...], sql.Composed] = {}
 
-    def select(self, lo: Any, hi: Any, size: int) -> tuple[sql.Composed, list[Any]]:
-        return self.selection.next_batch(lo, hi, size, lock=False)
+    row_wait: float | None = None  # the write never waits on a row: it locks SKIP LOCKED itself
+
+    def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
+        query, params = self.selection.next_batch(lo, hi, size, lock=False)
+        return conn.cursor(binary=True).execute(query, params).fetchall()
+
+    def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
+        return rows, None  # the values read are the versions compared: the write carries them
 
     def _update(self, write: Write) -> sql.Composed:
         """One set-based statement for a write: (true, id) per row written, (false, id) per row
@@ -84,7 +90,8 @@ class CasGuard:
         self._statements[write.columns] = statement
         return statement
 
-    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome) -> None:
+    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome, versions: Any,
+              cautious: bool) -> None:
         params: list[Any] = [write.ids]
         for old, new in zip(write.old, write.new):
             params += [old, new]

@@ -1,8 +1,9 @@
 """The write guard port: what a batch pipeline asks of the strategy that keeps its writes safe
-against an application writing the same rows (``guard_lock.py``: a row lock; ``guard_cas.py``:
-compare-and-swap on the value read). Each guard owns its statements, how a write that missed is
-settled, what is swept after the passes and whether conflicts are recorded; the pipeline never
-asks which guard it runs."""
+against an application writing the same rows (``guard_version.py``: compare-and-swap on the row
+version read; ``guard_cas.py``: compare-and-swap on the value read). Both read without row locks,
+so no row is locked while its batch is re-encrypted. Each guard owns its statements, how a write
+that missed is settled, what is swept after the passes and whether conflicts are recorded; the
+pipeline never asks which guard it runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 
 from ..schemes.base import Write
 from .counting import BacklogCounter
@@ -29,11 +29,21 @@ class Sweep:
 
 
 class Guard(Protocol):
-    def select(self, lo: Any, hi: Any, size: int) -> tuple[sql.Composed, list[Any]]:
-        """The statement reading (and, where the guard locks, locking) the next batch after ``lo``."""
+    # Seconds the first try of a batch's write may wait for a row lock an application holds; past
+    # that (or on a deadlock) the pipeline rolls it back and writes it again with ``cautious``.
+    # None: the write never waits on a row, there is no second try.
+    row_wait: float | None
 
-    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome) -> None:
-        """One write of a batch, in its open transaction, counted into ``outcome``."""
+    def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
+        """The next batch after ``lo`` (up to ``hi``), read in autocommit without row locks."""
+
+    def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
+        """(the rows as the scheme plans them, what the guard keeps of them for the write)."""
+
+    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome, versions: Any,
+              cautious: bool) -> None:
+        """One write of a batch, in its open transaction, counted into ``outcome``; ``versions``:
+        what ``received`` kept; ``cautious``: the second try, which must not wait on any row."""
 
     def next_sweep(self, engine: sa.Engine, counter: BacklogCounter, tally: Tally) -> Sweep:
         """What to try again after a pass (or a sweep) that left rows behind."""

@@ -1,7 +1,9 @@
 """The batch pipeline of one drain: keyset passes over id ranges, pipelined over three connections
-(one batch being read and locked, one re-encrypted, one committing), one transaction per batch,
-every wait between batches taken before the next batch begins. It counts a batch only once its
-COMMIT is confirmed and never half-writes one; which statements it runs is its write guard's.
+(one batch being read, one re-encrypted, one written), every wait between batches taken before
+the next batch is read. A batch is read without row locks and written in one short transaction
+of its own, so no row is locked while a batch is re-encrypted or while the drain waits. It counts
+a batch only once its COMMIT is confirmed and never half-writes one; which statements it runs is
+its write guard's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..db import describe_db_error, raw_connection
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
 from ..schemes.base import BatchPlan, Scheme
-from ..targets import begin_writing_batch
+from ..targets import writing_batch_begin
 from .guards import Guard
 from .options import DrainOptions, stop_reason
 from .results import (
@@ -44,11 +46,11 @@ HALT_POLL = 0.05  # seconds: how soon a reader waiting between batches sees its 
 
 @dataclass(frozen=True)
 class _Fetched:
-    """A batch the reader thread read (and, where the guard locks, locked)."""
+    """A batch the reader thread read."""
 
     rows: list[tuple[Any, ...]]
     size: int  # rows asked for: fewer came back only at the end of the range
-    locked: float  # perf_counter() at its BEGIN: the start of its lock hold
+    read: float  # perf_counter() when its read began
 
 
 class _AnyEvent:
@@ -127,7 +129,7 @@ class BatchPipeline:
     def _next_batch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, first: bool,
                     halt: _AnyEvent) -> _Fetched | None:
         """Reader thread: wait until the next batch may start (throttle, or ``inter_batch_delay``)
-        while holding nothing, then BEGIN and read it. None: the pass stopped before it began."""
+        while holding nothing, then read it. None: the pass stopped before it began."""
         opts = self.options
         size = opts.batch_size
         if opts.throttle is not None:
@@ -139,37 +141,36 @@ class BatchPipeline:
             halt.wait(max(0.0, min(opts.inter_batch_delay, left)))
         if halt.is_set() or self._should_stop():
             return None
-        locked = time.perf_counter()
-        return _Fetched(self._fetch(conn, lo, hi, size), size, locked)
+        read = time.perf_counter()
+        # Autocommit, no row lock: the session's statement_timeout bounds it (prepare_session).
+        return _Fetched(self.guard.read(conn, lo, hi, size), size, read)
 
-    def _fetch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        """BEGIN and read (where the guard locks: lock) the next batch after ``lo`` (reader thread)."""
-        query, params = self.guard.select(lo, hi, size)
-        conn.execute("BEGIN")
-        try:
-            if not self.options.dry_run:
-                begin_writing_batch(conn, self.target)  # triggers = "disable": SET LOCAL session_replication_role
-                # Per batch: never wait long for a lock an application holds, never run away, and
-                # never hold rows for ever: the server ends a batch transaction left idle longer
-                # than idle_timeout (a stuck key provider, a frozen process), which rolls it back.
-                for name, seconds in (("lock_timeout", self.options.lock_timeout),
-                                      ("statement_timeout", self.options.statement_timeout),
-                                      ("idle_in_transaction_session_timeout", self.options.idle_timeout)):
-                    conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name),
-                                                                     sql.Literal(f"{int(seconds * 1000)}ms")))
-            return conn.cursor(binary=True).execute(query, params).fetchall()
-        except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-            raise
+    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
+        """The batch's writes and COMMIT in one transaction (writer thread); ROLLBACK on any error:
+        whole or nothing. Where the guard's first try may wait on a row (``row_wait``) and that
+        wait runs out, or a deadlock ends it, the batch is written again cautiously, never waiting
+        on a row."""
+        wait = self.guard.row_wait
+        if wait is not None:
+            wait = min(wait, self.options.lock_timeout)
+            try:
+                return self._write_once(conn, plan, versions, wait)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+                log_event("batch_write_retried", level=20, run_id=self.options.run_id or None,
+                          target=self.target.name, reason="a lock was held by someone else")
+        return self._write_once(conn, plan, versions, None)
 
-    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan) -> BatchOutcome:
-        """The batch's writes and COMMIT (writer thread); ROLLBACK on any error: whole or nothing."""
+    def _write_once(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any,
+                    wait: float | None) -> BatchOutcome:
+        """One try: BEGIN (with ``wait`` as this transaction's lock_timeout; None: the session's,
+        and the guard's cautious write), the writes, COMMIT."""
         outcome = BatchOutcome()
         try:
+            conn.execute(writing_batch_begin(self.target, wait))  # one round trip
+            outcome.began = time.perf_counter()
             for write in plan.writes:
                 if write.ids:
-                    self.guard.write(conn, write, outcome)
+                    self.guard.write(conn, write, outcome, versions, wait is None and self.guard.row_wait is not None)
             conn.execute("COMMIT")
             outcome.committed = time.perf_counter()
         except BaseException:
@@ -189,7 +190,8 @@ class BatchPipeline:
                            conflicts=outcome.conflicts)
         log_event("batch_processed", run_id=opts.run_id or None, target=name, worker=worker, batch=batch_no,
                   rows=rows, reencrypted=event.reencrypted, failed=event.failed, conflicts=event.conflicts or None,
-                  held_by_others=len(outcome.held) or None,
+                  held_by_others=(len(outcome.held) + outcome.skipped_locked) or None,
+                  changed_by_others=outcome.changed or None,
                   unknown=plan.counts.get("unknown") or None, legacy_left=plan.counts.get("legacy_left") or None,
                   duration_ms=round(event.duration_ms, 1), dry_run=opts.dry_run or None)
         for f in plan.failed:
@@ -211,13 +213,12 @@ class BatchPipeline:
         ``only`` (a compare-and-swap sweep), only those rows are planned and written.
 
         Pipelined over three connections: while this thread re-encrypts batch N, a reader thread
-        reads (and locks) batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the
-        database and the crypto work overlap. Each batch is still exactly one transaction on one
-        connection, and is counted only once its COMMIT is confirmed. Every wait between batches
-        (the throttle, ``inter_batch_delay``) happens in the reader before it BEGINs the next
-        batch, so no wait ever holds a row lock: a row is locked from its batch's SELECT to its
-        COMMIT, which spans the re-encryption of the batch before it and of its own (see
-        ``reference.md``, "How long a row stays locked").
+        reads batch N+1 and a writer thread sends batch N-1's writes and COMMIT, so the database
+        and the crypto work overlap. Reads take no row lock; each batch's writes are exactly one
+        transaction on one connection, and it is counted only once its COMMIT is confirmed. A row
+        is locked only from its batch's write statement to its COMMIT (see ``reference.md``, "How
+        long a row stays locked"); every wait between batches (the throttle, ``inter_batch_delay``)
+        happens in the reader, before the next batch is read.
         """
         opts = self.options
         t = self.target
@@ -229,13 +230,12 @@ class BatchPipeline:
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
             for c in conns:
-                prepare_session(c, dry)
+                prepare_session(c, dry, opts)
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
             k = 0
             pending: _Pending | None = None
-            open_tx: psycopg.Connection[Any] | None = None
             # In a copy of this thread's context, as the workers are: the throttle's log lines
             # reach an orchestrator's run log.
             next_fetch: Future[_Fetched | None] | None = reader.submit(
@@ -244,22 +244,22 @@ class BatchPipeline:
                 while next_fetch is not None:
                     conn = conns[k % len(conns)]
                     fetching, next_fetch = next_fetch, None
-                    fetched = fetching.result()  # a failed fetch has rolled its own transaction back
+                    fetched = fetching.result()
                     if fetched is None:  # stopped before it began: nothing was read
                         reason = self._should_stop() or STOP_CANCELLED
                         break
-                    rows, started = fetched.rows, fetched.locked
-                    open_tx = conn
+                    rows, started = fetched.rows, fetched.read
                     if not rows:
                         break
                     reason = self._should_stop()
                     if reason:
-                        break  # this batch was only read: it rolls back below
-                    if len(rows) == fetched.size:  # more to come: lock the next batch while this one is worked
+                        break  # this batch was only read: nothing to undo
+                    if len(rows) == fetched.size:  # more to come: read the next batch while this one is worked
                         next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
                                                    conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
                     if only is not None:
                         rows = [r for r in rows if r[0] in only]
+                    rows, versions = self.guard.received(rows)
                     plan = self.scheme.plan(rows, self.tally.failed_ids())
                     if opts.before_write is not None:
                         opts.before_write(k + 1, [r[0] for r in rows])
@@ -267,33 +267,23 @@ class BatchPipeline:
                         self._settle(pending)
                         pending = None
                     if writer is None:
-                        conn.execute("ROLLBACK")
-                        open_tx = None
                         self._record(worker, k + 1, len(rows), plan, BatchOutcome(reencrypted=plan.planned), started)
                     else:
-                        pending = _Pending(writer.submit(self._write, conn, plan), worker, k + 1, len(rows), plan,
-                                           started)
-                        open_tx = None  # the writer owns this transaction now
+                        pending = _Pending(writer.submit(self._write, conn, plan, versions), worker, k + 1,
+                                           len(rows), plan, started)
                         if throttle is not None:  # lock-to-commit time feeds the batch sizer
-                            pending.future.add_done_callback(_feeds_sizer(throttle, started, len(rows)))
+                            pending.future.add_done_callback(_feeds_sizer(throttle, len(rows)))
                     k += 1
-                if open_tx is not None:
-                    open_tx.execute("ROLLBACK")
-                    open_tx = None
                 if pending is not None:
                     self._settle(pending)
                     pending = None
             except BaseException:
-                # Fail closed: a batch being planned rolls back; a write in flight either commits
-                # whole or rolls itself back. Nothing is half-written.
+                # Fail closed: a batch being planned was only read; a write in flight either
+                # commits whole or rolls itself back. Nothing is half-written.
                 halt_pass.set()
-                if open_tx is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        open_tx.execute("ROLLBACK")
-                if next_fetch is not None:  # a read-ahead of the next batch was in flight: release it
+                if next_fetch is not None:  # a read-ahead of the next batch was in flight: let it end
                     with contextlib.suppress(BaseException):
-                        if next_fetch.result() is not None:  # submitted in batch k's turn, before k += 1
-                            conns[(k + 1) % len(conns)].execute("ROLLBACK")
+                        next_fetch.result()
                 if pending is not None:
                     with contextlib.suppress(BaseException):
                         self._settle(pending)
@@ -303,9 +293,17 @@ class BatchPipeline:
         return reason
 
 
-def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
+def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, options: DrainOptions | None = None) -> None:
     """Session settings of a drain connection (reset when it goes back to the pool)."""
     conn.execute("SET application_name = 'pinrotate'")
+    if options is not None:
+        # Never wait long for a lock an application holds, never run away, and never hold rows for
+        # ever: the server ends a write transaction left idle longer than idle_timeout (a frozen
+        # process), which rolls it back. Set once a session, not in every batch.
+        for name, seconds in (("lock_timeout", options.lock_timeout),
+                              ("statement_timeout", options.statement_timeout),
+                              ("idle_in_transaction_session_timeout", options.idle_timeout)):
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(f"{int(seconds * 1000)}ms")))
     # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
     # the batch against a sequential scan of the whole table.
     conn.execute("SET enable_hashjoin = off")
@@ -319,9 +317,11 @@ def prepare_session(conn: psycopg.Connection[Any], dry_run: bool) -> None:
         conn.execute("SET synchronous_commit = off")
 
 
-def _feeds_sizer(throttle: Throttle, started: float, rows: int) -> Callable[[Future[BatchOutcome]], None]:
-    """A done-callback telling the throttle how long a committed batch held its locks."""
+def _feeds_sizer(throttle: Throttle, rows: int) -> Callable[[Future[BatchOutcome]], None]:
+    """A done-callback telling the throttle how long a committed batch held its locks (its write's
+    BEGIN to its COMMIT)."""
     def done(future: Future[BatchOutcome]) -> None:
         if not future.cancelled() and future.exception() is None:
-            throttle.batch_done(time.perf_counter() - started, rows)
+            outcome = future.result()
+            throttle.batch_done(outcome.committed - outcome.began, rows)
     return done

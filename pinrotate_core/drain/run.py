@@ -19,7 +19,7 @@ from ..log import log_event
 from ..schemes.base import Scheme
 from .counting import BacklogCounter
 from .guard_cas import CasGuard
-from .guard_lock import LockGuard
+from .guard_version import VersionGuard
 from .guards import Guard
 from .heap import long_lived_heap_frozen
 from .options import DrainOptions
@@ -31,7 +31,7 @@ from .shards import ShardPlanner
 MAX_SWEEPS = 5
 
 # The write guard of each scheme's ``guard``: the one place that names them.
-GUARDS: dict[str, type[LockGuard | CasGuard]] = {"lock": LockGuard, "cas": CasGuard}
+GUARDS: dict[str, type[VersionGuard | CasGuard]] = {"version": VersionGuard, "cas": CasGuard}
 
 
 class Drain:

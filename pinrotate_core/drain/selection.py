@@ -4,6 +4,7 @@ uses these pieces, never a copy of them. Statements only: nothing is executed he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import sql
@@ -40,12 +41,13 @@ class Selection:
         """Stale, in scope, and ``conds`` (an id range)."""
         return sql.SQL(" AND ").join([self.where, *conds])
 
-    def next_batch(self, lo: Any, hi: Any, size: int, lock: bool) -> tuple[sql.Composed, list[Any]]:
+    def next_batch(self, lo: Any, hi: Any, size: int, lock: bool,
+                   extra: Sequence[sql.Composable] = ()) -> tuple[sql.Composed, list[Any]]:
         """The next ``size`` stale rows after ``lo`` (up to ``hi``) in id order, with ``lock``
-        locked ``FOR NO KEY UPDATE SKIP LOCKED``."""
+        locked ``FOR NO KEY UPDATE SKIP LOCKED``; ``extra`` columns after the scheme's."""
         conds, params = self.range(lo, hi)
         suffix = sql.SQL(" FOR NO KEY UPDATE SKIP LOCKED") if lock else sql.SQL("")
         query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s{lock}").format(
-            id=self.id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=self.target.relation,
+            id=self.id, cols=sql.SQL(", ").join([*self.scheme.read_list(), *extra]), rel=self.target.relation,
             where=self.stale_in(conds), lock=suffix)
         return query, [*params, size]

@@ -21,7 +21,7 @@ from ..config import KeysSettings
 from ..errors import CiphertextInvalid, KeyUnavailable, TargetBlocked, VerificationFailed
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, RowLocked, ValueClass, Write
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, RowVersioned, ValueClass, Write
 
 __all__ = ["AesGcmCipherSet", "AesGcmScheme", "ColumnEncoding", "classify_version", "plan_aesgcm_batch"]
 
@@ -168,7 +168,7 @@ def classify_version(key_id: str | None, keyring: Keyring) -> ValueClass:
     return ValueClass("ACTIVE" if v == current else ("HISTORICAL" if v < current else "NEWER"), key_id)
 
 
-class AesGcmScheme(IntegerVersions, RowLocked):
+class AesGcmScheme(IntegerVersions, RowVersioned):
     """``aesgcm`` bound to one target and the run's keyring (see the module docstring)."""
 
     name: ClassVar[str] = "aesgcm"

@@ -29,10 +29,12 @@ CATEGORIES: Final = ("ACTIVE", "HISTORICAL", "NEWER", "LEGACY", "UNKNOWN", "UNKN
 STALE: Final = frozenset({"HISTORICAL", "LEGACY", "UNKNOWN_KEY"})
 LEGACY_KEY: Final = "legacy"
 
-# "lock": rows are locked FOR NO KEY UPDATE SKIP LOCKED when read, and written while locked.
-# "cas": rows are read without locks; each column is written only where it still holds the value
-#        read (compare-and-swap); a miss is a CONFLICT unless the value is already settled.
-WriteGuard = Literal["lock", "cas"]
+# Both read rows without locks.
+# "version": each row is written only where it is still the row version read (compare-and-swap on
+#            xmin and ctid); a miss is the application's newer row, kept, read again while stale.
+# "cas": each column is written only where it still holds the value read (compare-and-swap on
+#        values); a miss is a CONFLICT unless the value is already settled.
+WriteGuard = Literal["version", "cas"]
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,11 @@ class Rewrapper(Protocol):
     def rewrap(self, values: Sequence[str]) -> list[str]: ...
 
 
-class RowLocked:
-    """What row-locked, row-counting schemes (``aesgcm``, ``vault-transit``) share: rows are locked
-    while read and written, each stale row counts once."""
+class RowVersioned:
+    """What row-counting schemes written by row version (``aesgcm``, ``vault-transit``) share: a row
+    is written only where it is still the version read, each stale row counts once."""
 
-    guard: ClassVar[WriteGuard] = "lock"
+    guard: ClassVar[WriteGuard] = "version"
     counts_values = False
 
 

@@ -22,7 +22,7 @@ from ..config import KeysSettings
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, TargetBlocked, TransitValuesInvalid
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
-from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, Rewrapper, RowLocked, ValueClass, Write
+from .base import UNKNOWN_VALUE, BatchPlan, FailedRow, IntegerVersions, Rewrapper, RowVersioned, ValueClass, Write
 
 PREFIX: Final = "vault:v"
 # Version: a positive integer without leading zeros, as Transit writes it.
@@ -193,7 +193,7 @@ def classify_transit_version(version: int, current: int, min_decryption_version:
     return "HISTORICAL" if version >= min_decryption_version else "UNKNOWN_KEY"
 
 
-class TransitScheme(IntegerVersions, RowLocked):
+class TransitScheme(IntegerVersions, RowVersioned):
     """``vault-transit`` bound to one target, the run's keyring and the provider's rewrap port."""
 
     name: ClassVar[str] = "vault-transit"
