@@ -187,9 +187,11 @@ class VersionGuard:
         if self.by_ctid:
             arrays.append(sql.SQL("%b::tid[]"))
             keys.append(sql.Identifier("pinrotate_ctid"))
-            # Found by its ctid alone (one heap fetch): the id is still checked, but with IS NOT
-            # DISTINCT FROM (the same as = for a primary key), which the planner never turns into
-            # a second probe of the primary key.
+            # Found by its ctid alone (one heap fetch). The id is still checked: a table rewritten
+            # since the read (CLUSTER, VACUUM FULL) keeps each row's xmin but not its ctid, so
+            # (ctid, xmin) may then be another row inserted by the same transaction. It is checked
+            # with IS NOT DISTINCT FROM (the same as = for a primary key), which the planner never
+            # turns into a second probe of the primary key.
             match = [sql.SQL("t.ctid = u.pinrotate_ctid"),
                      sql.SQL("t.{} IS NOT DISTINCT FROM u.pinrotate_id").format(self.selection.id)]
         arrays.append(sql.SQL("%b::xid[]"))
