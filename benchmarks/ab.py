@@ -133,8 +133,8 @@ def main() -> int:
         base = statistics.median(updates)
         for name, tree in zip(("before", "after"), trees):
             f = figures[tree]
-            server = statistics.median(x[0] for x in f)
-            print(f"median {name:6}: PostgreSQL {server:5.2f} us/row = {server / base:.2f}x the UPDATE ({base:.2f}); "
+            server_us = statistics.median(x[0] for x in f)
+            print(f"median {name:6}: PostgreSQL {server_us:5.2f} us/row = {server_us / base:.2f}x the UPDATE ({base:.2f}); "
                   f"drain process {statistics.median(x[1] for x in f):5.2f} us/row; "
                   f"{statistics.median(x[2] for x in f):,.0f} rows/s; WAL {statistics.median(x[3] for x in f):.0f} B/row")
         return 0
