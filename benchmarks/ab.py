@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +27,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import drain as bench
-from pinrotate_core.db import embedded_server
 from pinrotate_core.providers.file import FileKeyProvider
-from pinrotate_core.samples import pin_profile as presets
 
 # The drain, in a process of its own that imports pinrotate from the tree given (argv[1]).
 CHILD = r'''
@@ -71,28 +67,15 @@ def main() -> int:
     for tree in trees:
         if not (Path(tree) / "pinrotate_core").is_dir():
             ap.error(f"{tree}: not a checkout of pinrotate (no pinrotate_core/)")
-    sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-ab-"))
-    server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
-    try:
-        url = server.get_uri()
-        bench.SERVER_PID = bench.find_server_pid(url)
-        if bench.SERVER_PID is None:
-            raise SystemExit("the server's processes are not readable here: no exact CPU figure")
+    with bench.counted_server("pinrotate-ab-") as (sandbox, url):
         provider = FileKeyProvider(sandbox / "keys.toml", create=True)  # test keys, thrown away
         with psycopg.connect(url, autocommit=True) as conn:
-            presets.apply_pin_profile_schema(conn)
-            presets.seed_pin_profile(conn, provider.load_keyring(), rows=args.rows, key_id="1", seed=1)
-            conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
-            conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
+            bench.seed_persons(conn, provider.load_keyring(), args.rows)
         provider.add_key()
         provider.promote("2")
 
         def restore() -> None:
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("TRUNCATE profile.persons")
-                conn.execute("INSERT INTO profile.persons SELECT * FROM profile.persons_seeded")
-                conn.execute("VACUUM ANALYZE profile.persons")
-                conn.execute("CHECKPOINT")
+            bench.restore_persons(url)
 
         def drain(tree: str) -> tuple[float, float, float, float]:
             restore()
@@ -115,32 +98,28 @@ def main() -> int:
             with psycopg.connect(url, autocommit=True) as conn:
                 server_cpu = bench.server_cpu_snapshot()
                 conn.execute("UPDATE profile.persons SET key_version = key_version + 1")
-                return bench.server_cpu_since(server_cpu) / args.rows * 1e6
+                return float(bench.server_cpu_since(server_cpu) / args.rows * 1e6)
 
         print(f"{args.rows:,} persons; batch {args.batch_size}; before {trees[0]}, after {trees[1]}", flush=True)
-        figures: dict[str, list[tuple[float, float, float, float]]] = {t: [] for t in trees}
+        figures: dict[str, list[tuple[float, float, float, float]]] = {"before": [], "after": []}
         updates: list[float] = []
         for round_no in range(args.rounds + 1):
             for name, tree in zip(("before", "after"), trees):
                 figure = drain(tree)
                 if round_no:  # round 0 warms the server up
-                    figures[tree].append(figure)
+                    figures[name].append(figure)
                     print(f"round {round_no} {name:6}: PostgreSQL {figure[0]:5.2f} us/row, drain process "
                           f"{figure[1]:5.2f} us/row, {figure[2]:8,.0f} rows/s, WAL {figure[3]:4.0f} B/row", flush=True)
             if round_no:
                 updates.append(update())
                 print(f"round {round_no} UPDATE: PostgreSQL {updates[-1]:5.2f} us/row", flush=True)
         base = statistics.median(updates)
-        for name, tree in zip(("before", "after"), trees):
-            f = figures[tree]
+        for name, f in figures.items():
             server_us = statistics.median(x[0] for x in f)
             print(f"median {name:6}: PostgreSQL {server_us:5.2f} us/row = {server_us / base:.2f}x the UPDATE ({base:.2f}); "
                   f"drain process {statistics.median(x[1] for x in f):5.2f} us/row; "
                   f"{statistics.median(x[2] for x in f):,.0f} rows/s; WAL {statistics.median(x[3] for x in f):.0f} B/row")
         return 0
-    finally:
-        server.cleanup()
-        shutil.rmtree(sandbox, ignore_errors=True)
 
 
 if __name__ == "__main__":

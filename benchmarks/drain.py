@@ -25,6 +25,7 @@ planning the shards, opening the run in each shard, and workers done while anoth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target, split_backlog
+from pinrotate_core.keyring import Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.samples import pin_profile as presets
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -309,6 +311,44 @@ def dask_run(raw: dict[str, Any], processes: int) -> tuple[int, float, dict[str,
     return sum(m for m, _, _ in results), secs, {str(k): int(v) for k, v in peaks.items()}, cpu, costs
 
 
+@contextlib.contextmanager
+def counted_server(prefix: str) -> Iterator[tuple[Path, str]]:
+    """(sandbox, url) of an embedded PostgreSQL whose processes are read for exact CPU figures
+    (``SERVER_PID``); stopped and removed after."""
+    global SERVER_PID
+    sandbox = Path(tempfile.mkdtemp(prefix=prefix))
+    server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
+    try:
+        url = server.get_uri()
+        SERVER_PID = find_server_pid(url)
+        if SERVER_PID is None:
+            raise SystemExit("the server's processes are not readable here: no exact CPU figure")
+        yield sandbox, url
+    finally:
+        server.cleanup()
+        shutil.rmtree(sandbox, ignore_errors=True)
+
+
+def seed_persons(conn: psycopg.Connection[Any], ring: Keyring, rows: int) -> None:
+    """The Pin profile with ``rows`` persons on key 1, and the copy every figure starts from."""
+    presets.apply_pin_profile_schema(conn)
+    presets.seed_pin_profile(conn, ring, rows=rows, key_id="1", seed=1)
+    conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
+    # restore_persons() vacuums before every figure; an autovacuum waking in the middle of one
+    # figure (every 60 s, once a fifth of the rows are dead) would tax that figure alone.
+    conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
+
+
+def restore_persons(url: str) -> None:
+    """Back to the seeded table (every row on key 1 again), vacuumed, after a checkpoint: no figure
+    inherits another's dead rows, free space, physical order or pending WAL."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE profile.persons")
+        conn.execute("INSERT INTO profile.persons SELECT * FROM profile.persons_seeded")
+        conn.execute("VACUUM ANALYZE profile.persons")
+        conn.execute("CHECKPOINT")
+
+
 def wal_lsn(url: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
@@ -406,16 +446,10 @@ def main() -> int:
         ring = provider.load_keyring()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS profile CASCADE")
-            presets.apply_pin_profile_schema(conn)
             t0 = time.perf_counter()
-            presets.seed_pin_profile(conn, ring, rows=args.rows, key_id="1", seed=1)
+            seed_persons(conn, ring, args.rows)
             seeded_s = time.perf_counter() - t0
             conn.execute("VACUUM ANALYZE profile.persons")
-            # The starting point of every figure (see the module docstring).
-            conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
-            # restore() vacuums before every figure; an autovacuum waking in the middle of one
-            # figure (every 60 s, once a fifth of the rows are dead) would tax that figure alone.
-            conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
             server_version = conn.info.server_version
         provider.add_key()
         provider.promote("2")
@@ -430,12 +464,7 @@ def main() -> int:
         options = DrainOptions(batch_size=args.batch_size, workers=args.workers)
 
         def restore() -> None:
-            """Back to the seeded table: every row on key 1 again, key 2 current."""
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("TRUNCATE profile.persons")
-                conn.execute("INSERT INTO profile.persons SELECT * FROM profile.persons_seeded")
-                conn.execute("VACUUM ANALYZE profile.persons")
-                conn.execute("CHECKPOINT")
+            restore_persons(url)
 
         wal: dict[str, list[int]] = {"drain": [], "update": []}
 

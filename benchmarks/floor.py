@@ -32,10 +32,8 @@ Shapes:
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,9 +47,7 @@ from psycopg.pq import Format
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import drain as bench
-from pinrotate_core.db import embedded_server
 from pinrotate_core.providers.file import FileKeyProvider
-from pinrotate_core.samples import pin_profile as presets
 
 COLS = ["first_name_cipher", "last_name_cipher", "middle_name_cipher", "birth_date_cipher"]
 SETS = ", ".join(f"{c} = u.c{i}" for i, c in enumerate(COLS)) + ", key_version = 2"
@@ -195,11 +191,7 @@ SHAPES: dict[str, Callable[[psycopg.Connection[Any], int], int]] = {
 
 def measure(url: str, shape: str, rows: int, batch: int) -> tuple[float, float, float]:
     """(server CPU us per row, WAL bytes per row, rows/s) of one shape from the seeded table."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE profile.persons")
-        conn.execute("INSERT INTO profile.persons SELECT * FROM profile.persons_seeded")
-        conn.execute("VACUUM ANALYZE profile.persons")
-        conn.execute("CHECKPOINT")
+    bench.restore_persons(url)
     start = bench.wal_lsn(url)
     with psycopg.connect(url, autocommit=True) as conn:
         server = bench.server_cpu_snapshot()
@@ -226,19 +218,10 @@ def main() -> int:
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s): {', '.join(unknown)}")
-    sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-floor-"))
-    server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
-    try:
-        url = server.get_uri()
-        bench.SERVER_PID = bench.find_server_pid(url)
-        if bench.SERVER_PID is None:
-            raise SystemExit("the server's processes are not readable here: no exact CPU figure")
+    with bench.counted_server("pinrotate-floor-") as (sandbox, url):
         ring = FileKeyProvider(sandbox / "keys.toml", create=True).load_keyring()  # test keys, thrown away
         with psycopg.connect(url, autocommit=True) as conn:
-            presets.apply_pin_profile_schema(conn)
-            presets.seed_pin_profile(conn, ring, rows=args.rows, key_id="1", seed=1)
-            conn.execute("CREATE TABLE profile.persons_seeded AS TABLE profile.persons")
-            conn.execute("ALTER TABLE profile.persons SET (autovacuum_enabled = off)")
+            bench.seed_persons(conn, ring, args.rows)
             print(f"{args.rows:,} persons; PostgreSQL {conn.info.server_version}; batch {args.batch_size}", flush=True)
         figures: dict[str, list[tuple[float, float, float]]] = {s: [] for s in shapes}
         for round_no in range(1, args.repeat + 1):
@@ -253,9 +236,6 @@ def main() -> int:
             wal = statistics.median(f[1] for f in figures[shape])
             print(f"median {shape:20} PostgreSQL {cpu:5.1f} us/row = {cpu / update:.2f}x the UPDATE; WAL {wal:.0f} B/row")
         return 0
-    finally:
-        server.cleanup()
-        shutil.rmtree(sandbox, ignore_errors=True)
 
 
 if __name__ == "__main__":

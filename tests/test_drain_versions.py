@@ -52,6 +52,15 @@ def create(conn: psycopg.Connection[Any], layout: str, keyring: Keyring) -> None
                      (i, ciphers.encrypt_current(f"TEST name {i}".encode())))
 
 
+def people_on_key_1(conn: psycopg.Connection[Any], layout: str, keys_file: Path) -> Keyring:
+    """``people`` on key 1, then key 2 made current: the keyring with both."""
+    provider = FileKeyProvider(keys_file, create=True)
+    create(conn, layout, provider.load_keyring())
+    provider.add_key()
+    provider.promote("2")
+    return provider.load_keyring()
+
+
 def settings(url: str, keys_file: Path) -> Settings:
     return settings_from_mapping({
         "database": {"url": url},
@@ -82,11 +91,7 @@ def names(conn: psycopg.Connection[Any], keyring: Keyring) -> dict[int, tuple[in
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_row_moves_and_edits_made_between_read_and_write_are_kept(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, layout: str) -> None:
-    provider = FileKeyProvider(keys_file, create=True)
-    create(pg_conn, layout, provider.load_keyring())
-    provider.add_key()
-    provider.promote("2")
-    keyring = provider.load_keyring()
+    keyring = people_on_key_1(pg_conn, layout, keys_file)
     app = psycopg.connect(database_url, autocommit=True, application_name="app")
     edits: list[Any] = []
 
@@ -135,11 +140,7 @@ def test_an_edit_committed_while_the_write_waits_for_its_row_is_kept(
     # application's COMMIT lands in the middle of the drain's UPDATE: PostgreSQL re-checks the row's
     # newest version against the version read, which it is not.
     monkeypatch.setattr(VersionGuard, "row_wait", 60.0)
-    provider = FileKeyProvider(keys_file, create=True)
-    create(pg_conn, layout, provider.load_keyring())
-    provider.add_key()
-    provider.promote("2")
-    keyring = provider.load_keyring()
+    keyring = people_on_key_1(pg_conn, layout, keys_file)
     app = psycopg.connect(database_url, autocommit=True, application_name="app")
     probe = psycopg.connect(database_url, autocommit=True)
     edits: list[Any] = []
