@@ -1,7 +1,8 @@
 """The least privilege a rotation needs, as GRANT statements for the configured targets.
 
-A run reads the id, key-version, cipher and scope columns of each target and writes only the cipher
-and key-version columns; it keeps its own facts in the ``pinrotate`` bookkeeping schema. An
+A run reads the id, key-version, cipher and scope columns of each target (and, where its scheme
+writes by row version, each row's ``ctid`` and ``xmin``) and writes only the cipher and key-version
+columns; it keeps its own facts in the ``pinrotate`` bookkeeping schema. An
 inventory or a gate (an auditor) writes nothing but must read everything: the gate sweeps every
 table for ciphertexts outside the targets. These statements grant exactly that. Printed for a database owner to run; pinrotate never runs them.
 """
@@ -12,7 +13,8 @@ from psycopg import sql
 
 from . import bookkeeping, conflicts, key_checks
 from .config import Settings
-from .targets import read_columns, relation_of
+from .schemes.registry import write_guard
+from .targets import ROW_VERSION_COLUMNS, read_columns, relation_of
 
 
 def _ident_list(names: list[str]) -> sql.Composable:
@@ -36,8 +38,10 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
     schemas = sorted({t.schema_name for t in settings.targets if t.schema_name})
     out += [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(s), grantee) for s in schemas]
     for t in settings.targets:
-        out.append(sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_ident_list(read_columns(t)), relation_of(t),
-                                                                    grantee))
+        # A scheme written by row version also reads each row's ctid and xmin (system columns).
+        versions = list(ROW_VERSION_COLUMNS) if write_guard(t.format) == "version" else []
+        out.append(sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_ident_list([*read_columns(t), *versions]),
+                                                                    relation_of(t), grantee))
         written = [*t.columns, *([t.key_version] if t.key_version else [])]
         out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_ident_list(written), relation_of(t), grantee))
     out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(bookkeeping.SCHEMA), grantee))

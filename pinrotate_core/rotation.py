@@ -216,7 +216,8 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
     try:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
-                scheme = build_scheme(resolve_target(conn, t), ctx.keyring, ctx.settings.keys, ctx.provider)
+                resolved = resolve_target(conn, t, reads_versions=write_guard(t.format) == "version")
+                scheme = build_scheme(resolved, ctx.keyring, ctx.settings.keys, ctx.provider)
                 # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
                 reason = capacity_blocker(conn, scheme, ctx.tenant)
                 if reason is not None:

@@ -64,12 +64,18 @@ def relation_of(t: TargetSettings) -> sql.Identifier:
     return sql.Identifier(t.schema_name, t.table_name) if t.schema_name else sql.Identifier(t.table_name)
 
 
+# The system columns a run reads and compares where its scheme writes by row version
+# (compare-and-swap on the row version read: drain/guard_version.py).
+ROW_VERSION_COLUMNS = ("ctid", "xmin")
+
+
 def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
-                   writing: bool = True) -> ResolvedTarget:
+                   writing: bool = True, reads_versions: bool = False) -> ResolvedTarget:
     """Check ``t`` against the catalog; raise TargetBlocked naming what is wrong.
 
     ``writing``: a run (UPDATE privilege, a writable connection, triggers it may silence); an
-    inventory or a gate asks only what reading needs.
+    inventory or a gate asks only what reading needs. ``reads_versions``: the run also reads each
+    row's version (``ROW_VERSION_COLUMNS``), a privilege a column grant must name.
     """
     relation = relation_of(t)
     regname = relation.as_string(conn)
@@ -141,7 +147,8 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
-    _check_privileges(conn, t, oid, written if writing else [])
+    _check_privileges(conn, t, oid, written if writing else [],
+                      list(ROW_VERSION_COLUMNS) if writing and reads_versions else [])
     # The room a value needs after rewriting depends on the data and the current key:
     # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
     _check_row_security(conn, t, oid)
@@ -158,14 +165,14 @@ def read_columns(t: TargetSettings) -> list[str]:
 
 
 def _check_privileges(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
-                      written: list[str]) -> None:
+                      written: list[str], system: list[str]) -> None:
     """BLOCKED unless the role may SELECT every column it reads and UPDATE every column it writes.
 
     Column by column (``has_column_privilege`` is true for a table-wide grant too), so the least
     privilege PostgreSQL offers, ``GRANT SELECT (cols), UPDATE (cols) ON table``, is enough. An
     inventory or a gate writes nothing: it asks for SELECT only (``written`` empty).
     """
-    wanted = [(c, "SELECT") for c in read_columns(t)] + [(c, "UPDATE") for c in written]
+    wanted = [(c, "SELECT") for c in [*read_columns(t), *system]] + [(c, "UPDATE") for c in written]
     try:
         rows = conn.execute(
             "SELECT w.col, w.priv, has_column_privilege(%s::oid, w.col, w.priv), current_user::text "
