@@ -115,3 +115,20 @@ def test_a_role_without_grants_gets_one_line_naming_the_missing_privilege(
     last = err.strip().splitlines()[-1]
     assert f"role {nobody} lacks SELECT (" in last and "key_version" in last and "UPDATE (" in last
     assert key_versions(profile) == {1: 10}
+
+
+def test_a_role_granted_before_row_version_writes_is_told_to_grant_ctid_and_xmin(
+        database_url: str, tmp_path: Path, pg_conn: psycopg.Connection[Any],
+        make_role: Callable[[str], str]) -> None:
+    profile = seed_profile(database_url, tmp_path, rows=10)
+    app = new_role(pg_conn, make_role, "old")
+    statements = grant(profile, app)
+    assert any('"ctid", "xmin") ON "profile"."persons"' in s for s in statements if s.startswith("GRANT SELECT ("))
+    # The grants of an earlier release: every column but the row version.
+    with psycopg.connect(profile.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("REVOKE SELECT (ctid, xmin) ON profile.persons FROM {}").format(sql.Identifier(app)))
+    code, _, err = cli("run", "--config", config_as(profile, tmp_path, app), "--expected-key-version", "2")
+    assert code == 2 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert f"role {app} lacks SELECT (ctid, xmin) on profile.persons" in last, last
+    assert key_versions(profile) == {1: 10}
