@@ -131,8 +131,8 @@ class VersionGuard:
         n = self._versions
         if not n:
             return rows, None
-        columns = list(zip(*rows)) if rows else []
-        versions = (list(columns[0]), *(list(c) for c in columns[-n:])) if rows else ([],) * (n + 1)
+        # Three columns of the rows, not a transposition of all of them (this runs for every batch).
+        versions = tuple(list(map(operator.itemgetter(i), rows)) for i in (0, *range(-n, 0)))
         return [r[:-n] for r in rows], versions
 
     @staticmethod
