@@ -36,8 +36,9 @@ DEFAULT_CONFIG_NAME = "pinrotate.toml"
 # Forge's own default for its bootstrap keyring (design 003), used when provider = "forge".
 FORGE_BOOTSTRAP_FILE = "~/.forge/secrets/crypto.properties"
 # When neither batch_size nor batch_time_target is set, batches adapt towards this many seconds.
-# Seconds per batch, lock to commit. Far below pt-online-schema-change's 0.5 s chunk time: a
-# row locked by a batch makes an application's UPDATE of it wait until the batch commits, and
+# Seconds per batch, read to commit (its rows are locked only for the write at its end). Far below
+# pt-online-schema-change's 0.5 s chunk time: a row locked by a batch makes an application's
+# UPDATE of it wait until the batch commits, and
 # benchmarks/writer_latency.py shows the writer's p99 growing with the target (0.02 s: about
 # +9..12 ms beside a 100k-row table on 2 shared cores; 0.05 s: +17; 0.5 s: +28..70).
 DEFAULT_BATCH_TIME_TARGET = 0.02

@@ -9,7 +9,6 @@ fire (unless the target's ``triggers`` setting says otherwise). It never runs DD
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg import sql

@@ -103,7 +103,6 @@ class BatchOutcome:
     held: list[Any] = field(default_factory=list)  # cas: ids of rows someone else held locked, left for the sweep
     skipped_locked: int = 0  # version: rows an application held locked at a cautious write, left for the sweep
     changed: int = 0  # version: rows changed by someone else since they were read, left as they were
-    began: float = 0.0  # perf_counter() at the write's BEGIN: rows are locked from here
     committed: float = 0.0  # perf_counter() at COMMIT
 
 
