@@ -184,7 +184,9 @@ def test_a_connection_killed_once_is_retried_and_the_run_ends_done_not_db_error(
             proc.kill()
     assert killed is not None and killed[0] > 0
     # Every row moved; the shard's first failure was retried and must not survive in the report.
-    assert code == 0, (doc, err[-4000:])
+    stops = {name: (t.get("stopped"), t.get("error"), t.get("notes"))
+             for name, t in (doc or {}).get("targets", {}).items()}
+    assert code == 0, f"exit {code}; targets: {stops}\n{err[-6000:]}"
     assert all("stopped" not in t and t["backlog_remaining"] == 0 for t in doc["targets"].values()), doc
     assert rows_consistent(profile) == {2: 300}
     assert doc["gate"]["1"]["open"] is True
