@@ -29,6 +29,7 @@ import pytest
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings
 from pinrotate_core.drain import STOP_DB_ERROR, Drain, DrainOptions, DrainResult
+from pinrotate_core.drain.counting import BacklogCounter
 from pinrotate_core.throttle import BatchSizer, Throttle
 
 from .test_drain_pin import PinDb
@@ -283,3 +284,23 @@ def test_without_a_throttle_the_inter_batch_delay_ends_at_the_deadline(pin: PinD
     assert result[0].stopped == "deadline"
     assert result[0].batches <= 1  # the delay was kept until the deadline: at most the first batch ran
     assert on_key_2(pin) == result[0].reencrypted < PERSONS
+
+
+def test_a_connection_lost_in_the_count_after_the_pass_is_a_retryable_db_error_stop(
+        pin: PinDb, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A real loss: the server ends the session of the count after the pass (as pg_terminate_backend
+    # from an operator, or a restart, would). It must stop the target like a failed batch (a result,
+    # fail-closed and retryable), never escape as a bare driver error; the batches stay committed.
+    count_left = BacklogCounter.count_left
+
+    def count_on_a_session_the_server_ends(self: BacklogCounter, conn: psycopg.Connection[Any],
+                                           failed: frozenset[str]) -> tuple[int, int]:
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return count_left(self, conn, failed)
+
+    monkeypatch.setattr(BacklogCounter, "count_left", count_on_a_session_the_server_ends)
+    result = drain_person(pin.settings())
+    assert result.stopped == STOP_DB_ERROR and result.fail_closed and result.retryable
+    assert result.error is not None and "SQLSTATE 57P01" in result.error, result.error
+    assert result.reencrypted == PERSONS and on_key_2(pin) == PERSONS
+    assert result.backlog_remaining == 0  # recounted on a new connection

@@ -109,7 +109,19 @@ class Drain:
         remaining: int | None = None
         sweeps = 0
         while reason is None and sweeps < MAX_SWEEPS:
-            sweep = self.guard.next_sweep(self.engine, self.counter, self.tally)
+            try:
+                sweep = self.guard.next_sweep(self.engine, self.counter, self.tally)
+            except (psycopg.Error, DatabaseError) as e:
+                # The count after the pass lost its connection (an outage, a killed backend): a
+                # stop like a failed batch's, fail-closed and retryable; the batches stay committed.
+                err = e if isinstance(e, DatabaseError) else DatabaseError(
+                    f"target {self.target.name}: the count after the pass failed ({describe_db_error(e)})")
+                with self.tally.lock:
+                    if self.tally.error is None:
+                        self.tally.error = err
+                log_event("batch_failed", level=40, run_id=self.options.run_id or None, target=self.target.name,
+                          worker=0, reason=STOP_DB_ERROR, error=str(err))
+                return STOP_DB_ERROR, None
             remaining = sweep.backlog  # the backlog now, unless a sweep moves something
             if not sweep.due:
                 break
