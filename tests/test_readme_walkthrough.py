@@ -18,6 +18,8 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +51,15 @@ def test_the_readme_names_only_files_the_checkout_has() -> None:
     assert "--background" not in block, "prefect server start --background dies with the shell that started it"
 
 
+def walkthrough_env(home: Path) -> tuple[dict[str, str], str]:
+    """(the environment, the API URL) the walkthrough runs in: a fresh ``HOME``, ``PREFECT_API_URL``
+    on a free loopback port, and nothing else of the shell's Prefect or pinrotate settings."""
+    env = loopback_only({k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PINROTATE_", "VAULT_"))})
+    api = f"http://127.0.0.1:{free_loopback_port()}/api"
+    env.update(HOME=str(home), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    return env, api
+
+
 def _processes_of(home: Path, named: str = "") -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
@@ -78,10 +89,7 @@ def fresh_home() -> Iterator[Path]:
 def test_the_readme_deployment_walkthrough_runs_as_written_and_a_cancel_ends_cancelled_without_a_traceback(
         fresh_home: Path) -> None:
     assert (REPO / ".venv" / "bin" / "prefect").exists(), "the walkthrough runs .venv/bin/...: install as the README says"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PINROTATE_", "VAULT_"))}
-    env = loopback_only(env)
-    api = f"http://127.0.0.1:{free_loopback_port()}/api"
-    env.update(HOME=str(fresh_home), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env, _ = walkthrough_env(fresh_home)
     proc = subprocess.Popen(["bash", "-eu", "-c", walkthrough_block()], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -119,3 +127,36 @@ def test_the_readme_deployment_walkthrough_runs_as_written_and_a_cancel_ends_can
     assert "pinrotate run ended Cancelled: stopped between batches" in worker_log
     assert "Traceback" not in worker_log and "Unexpected result" not in worker_log
     assert not [line for line in worker_log.splitlines() if re.search(r"\bERROR\b", line)], worker_log[-4000:]
+
+
+def _readme_line(block: str, starts: str) -> str:
+    lines = [line for line in block.splitlines() if line.startswith(starts)]
+    assert len(lines) == 1, f"the walkthrough has {len(lines)} lines starting {starts!r}"
+    return lines[0]
+
+
+def test_the_readme_server_start_returns_and_the_server_still_answers_a_minute_later(fresh_home: Path) -> None:
+    # The walkthrough's own `start` and `stop` lines, as written. The shell that ran `start` has
+    # exited; the server must not have died with it (as `prefect server start --background` does),
+    # nor a minute later with nothing to do.
+    block = walkthrough_block()
+    start = _readme_line(block, "scripts/prefect-server start")
+    stop = _readme_line(block, "scripts/prefect-server stop")
+    env, api = walkthrough_env(fresh_home)
+    started = subprocess.run(["bash", "-eu", "-c", start], cwd=REPO, env=env, capture_output=True, text=True,
+                             check=False, timeout=WALKTHROUGH_BOUND_S)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "prefect-server: running" in started.stdout
+    try:
+        time.sleep(60)  # idle: the one thing this test is about
+        with urllib.request.urlopen(api + "/health", timeout=10) as answer:
+            assert answer.status == 200
+        status = subprocess.run(["scripts/prefect-server", "status"], cwd=REPO, env=env, capture_output=True,
+                                text=True, check=False, timeout=60)
+        assert status.returncode == 0 and status.stdout.startswith("prefect-server: running"), \
+            status.stdout + status.stderr
+    finally:
+        stopped = subprocess.run(["bash", "-eu", "-c", stop], cwd=REPO, env=env, capture_output=True, text=True,
+                                 check=False, timeout=120)
+    assert stopped.returncode == 0 and "prefect-server: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert not (fresh_home / ".pinrotate" / "prefect-server.pid").exists()
