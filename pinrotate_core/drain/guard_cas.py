@@ -43,7 +43,7 @@ class CasGuard:
     row_wait: float | None = None  # the write never waits on a row: it locks SKIP LOCKED itself
 
     def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        query, params = self.selection.next_batch(lo, hi, size, lock=False)
+        query, params = self.selection.next_batch(lo, hi, size)
         return conn.cursor(binary=True).execute(query, params).fetchall()
 
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:

@@ -123,7 +123,7 @@ class VersionGuard:
             id=s.id, rel=self.target.relation, t=sql.Identifier(self.target.id_column.type_name))
 
     def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        query, params = self.selection.next_batch(lo, hi, size, lock=False, extra=self._extra)
+        query, params = self.selection.next_batch(lo, hi, size, extra=self._extra)
         return version_cursor(conn).execute(query, params).fetchall()
 
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:

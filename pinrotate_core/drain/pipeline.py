@@ -229,7 +229,7 @@ class BatchPipeline:
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
             for c in conns:
-                prepare_session(c, dry, opts)
+                prepare_session(c, opts)
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
@@ -292,22 +292,21 @@ class BatchPipeline:
         return reason
 
 
-def prepare_session(conn: psycopg.Connection[Any], dry_run: bool, options: DrainOptions | None = None) -> None:
+def prepare_session(conn: psycopg.Connection[Any], options: DrainOptions) -> None:
     """Session settings of a drain connection (reset when it goes back to the pool)."""
     conn.execute("SET application_name = 'pinrotate'")
-    if options is not None:
-        # Never wait long for a lock an application holds, never run away, and never hold rows for
-        # ever: the server ends a write transaction left idle longer than idle_timeout (a frozen
-        # process), which rolls it back. Set once a session, not in every batch.
-        for name, seconds in (("lock_timeout", options.lock_timeout),
-                              ("statement_timeout", options.statement_timeout),
-                              ("idle_in_transaction_session_timeout", options.idle_timeout)):
-            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(f"{int(seconds * 1000)}ms")))
+    # Never wait long for a lock an application holds, never run away, and never hold rows for
+    # ever: the server ends a write transaction left idle longer than idle_timeout (a frozen
+    # process), which rolls it back. Set once a session, not in every batch.
+    for name, seconds in (("lock_timeout", options.lock_timeout),
+                          ("statement_timeout", options.statement_timeout),
+                          ("idle_in_transaction_session_timeout", options.idle_timeout)):
+        conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(f"{int(seconds * 1000)}ms")))
     # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
     # the batch against a sequential scan of the whole table.
     conn.execute("SET enable_hashjoin = off")
     conn.execute("SET enable_mergejoin = off")
-    if dry_run:
+    if options.dry_run:
         conn.execute("SET default_transaction_read_only = on")
     else:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the

@@ -41,13 +41,12 @@ class Selection:
         """Stale, in scope, and ``conds`` (an id range)."""
         return sql.SQL(" AND ").join([self.where, *conds])
 
-    def next_batch(self, lo: Any, hi: Any, size: int, lock: bool,
+    def next_batch(self, lo: Any, hi: Any, size: int,
                    extra: Sequence[sql.Composable] = ()) -> tuple[sql.Composed, list[Any]]:
-        """The next ``size`` stale rows after ``lo`` (up to ``hi``) in id order, with ``lock``
-        locked ``FOR NO KEY UPDATE SKIP LOCKED``; ``extra`` columns after the scheme's."""
+        """The next ``size`` stale rows after ``lo`` (up to ``hi``) in id order, without row locks;
+        ``extra`` columns after the scheme's."""
         conds, params = self.range(lo, hi)
-        suffix = sql.SQL(" FOR NO KEY UPDATE SKIP LOCKED") if lock else sql.SQL("")
-        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s{lock}").format(
+        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s").format(
             id=self.id, cols=sql.SQL(", ").join([*self.scheme.read_list(), *extra]), rel=self.target.relation,
-            where=self.stale_in(conds), lock=suffix)
+            where=self.stale_in(conds))
         return query, [*params, size]
