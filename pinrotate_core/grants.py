@@ -13,7 +13,7 @@ from psycopg import sql
 
 from . import bookkeeping, conflicts, key_checks
 from .config import Settings
-from .schemes.registry import write_guard
+from .schemes.registry import reads_row_versions
 from .targets import ROW_VERSION_COLUMNS, read_columns, relation_of
 
 
@@ -39,7 +39,7 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
     out += [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(s), grantee) for s in schemas]
     for t in settings.targets:
         # A scheme written by row version also reads each row's ctid and xmin (system columns).
-        versions = list(ROW_VERSION_COLUMNS) if write_guard(t.format) == "version" else []
+        versions = list(ROW_VERSION_COLUMNS) if reads_row_versions(t.format) else []
         out.append(sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_ident_list([*read_columns(t), *versions]),
                                                                     relation_of(t), grantee))
         written = [*t.columns, *([t.key_version] if t.key_version else [])]

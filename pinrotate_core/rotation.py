@@ -30,7 +30,7 @@ from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
 from .schemes.base import DECRYPT_FAILED, LegacyMigration, Scheme
-from .schemes.registry import build_scheme, check_keyring, scheme_class, write_guard
+from .schemes.registry import build_scheme, check_keyring, reads_row_versions, scheme_class, write_guard
 from .scope import check_tenant_scope
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
@@ -216,7 +216,7 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
     try:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
-                resolved = resolve_target(conn, t, reads_versions=write_guard(t.format) == "version")
+                resolved = resolve_target(conn, t, reads_versions=reads_row_versions(t.format))
                 scheme = build_scheme(resolved, ctx.keyring, ctx.settings.keys, ctx.provider)
                 # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
                 reason = capacity_blocker(conn, scheme, ctx.tenant)

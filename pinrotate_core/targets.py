@@ -64,7 +64,7 @@ def relation_of(t: TargetSettings) -> sql.Identifier:
 
 
 # The system columns a run reads and compares where its scheme writes by row version
-# (compare-and-swap on the row version read: drain/guard_version.py).
+# (compare-and-swap on the row version read: drain/guard_version.py reads them in this order).
 ROW_VERSION_COLUMNS = ("ctid", "xmin")
 
 

@@ -28,7 +28,7 @@ from psycopg.types.string import ByteaBinaryLoader
 
 from ..db import raw_connection
 from ..schemes.base import Scheme, Write
-from ..targets import Column
+from ..targets import ROW_VERSION_COLUMNS, Column
 from .counting import BacklogCounter
 from .guards import Sweep
 from .options import DrainOptions
@@ -111,8 +111,8 @@ class VersionGuard:
         self.selection = selection
         self.target = scheme.target
         self.by_ctid = self.target.by_ctid
-        # A dry run writes nothing: it reads no row versions.
-        versions = [] if dry_run else (["ctid", "xmin"] if self.by_ctid else ["xmin"])
+        # A dry run writes nothing: it reads no row versions. Joined on the id, the ctid is not used.
+        versions = [] if dry_run else [v for v in ROW_VERSION_COLUMNS if self.by_ctid or v != "ctid"]
         self._versions = len(versions)
         self._extra = [sql.Identifier(v) for v in versions]
         self._statements: dict[tuple[int, ...], sql.Composed] = {}

@@ -46,6 +46,12 @@ def write_guard(format_name: str) -> WriteGuard:
     return scheme_class(format_name).guard
 
 
+def reads_row_versions(format_name: str) -> bool:
+    """Does a run of this format read each row's version (``targets.ROW_VERSION_COLUMNS``)? Its
+    scheme's writes compare them (the ``version`` guard): a privilege a column grant must name."""
+    return write_guard(format_name) == "version"
+
+
 def build_scheme(target: ResolvedTarget, keyring: Keyring, keys: KeysSettings, provider: object = None) -> Scheme:
     """The scheme of ``target``'s format, bound to it: ``TargetBlocked`` when the target's columns
     cannot hold its values, ``ConfigError`` when the keyring cannot serve it."""
