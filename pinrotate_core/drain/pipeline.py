@@ -103,16 +103,16 @@ class BatchPipeline:
         try:
             return self._pass(worker, lo, hi, only)
         except KeyUnavailable as e:
-            return self._fail(e, STOP_KEY_UNAVAILABLE, worker)
+            return self.fail(e, STOP_KEY_UNAVAILABLE, worker)
         except DatabaseError as e:
-            return self._fail(e, STOP_DB_ERROR, worker)
+            return self.fail(e, STOP_DB_ERROR, worker)
         except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
-            return self._fail(e, STOP_THROTTLE_CRITICAL, worker)
+            return self.fail(e, STOP_THROTTLE_CRITICAL, worker)
         except psycopg.Error as e:
             err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
-            return self._fail(err, STOP_DB_ERROR, worker)
+            return self.fail(err, STOP_DB_ERROR, worker)
 
-    def _fail(self, exc: BaseException, reason: str, worker: int) -> str:
+    def fail(self, exc: BaseException, reason: str, worker: int) -> str:
         with self.tally.lock:
             if self.tally.error is None:
                 self.tally.error = exc

@@ -116,12 +116,7 @@ class Drain:
                 # stop like a failed batch's, fail-closed and retryable; the batches stay committed.
                 err = e if isinstance(e, DatabaseError) else DatabaseError(
                     f"target {self.target.name}: the count after the pass failed ({describe_db_error(e)})")
-                with self.tally.lock:
-                    if self.tally.error is None:
-                        self.tally.error = err
-                log_event("batch_failed", level=40, run_id=self.options.run_id or None, target=self.target.name,
-                          worker=0, reason=STOP_DB_ERROR, error=str(err))
-                return STOP_DB_ERROR, None
+                return self.pipeline.fail(err, STOP_DB_ERROR, worker=0), None
             remaining = sweep.backlog  # the backlog now, unless a sweep moves something
             if not sweep.due:
                 break
