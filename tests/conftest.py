@@ -308,6 +308,7 @@ def make_role(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[Calla
 # ---------------------------------------------------------------------------------------------
 
 from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: F401
+from tests.mariadb_server import MariaDbServer, mariadb_server  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Key files
@@ -351,6 +352,26 @@ def log_lines() -> Iterator[list[str]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB: the machine's on 127.0.0.1:3306 (root, no password) when it answers, else a mariadbd
+# of our own (tests/mariadb_server.py); a fresh database per test, dropped at its end.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDbServer]:
+    server = mariadb_server()
+    yield server
+    server.stop()  # drops what this session created; stops the server only if it is ours
+
+
+@pytest.fixture
+def mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
+    """The name of a fresh, empty database on the test MariaDB (``mariadb.url(name)`` is its URL)."""
+    with mariadb.fresh_database() as name:
+        yield name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""SQL pieces an engine supplies so that a statement is composed once for every engine (as
+``sqlalchemy.sql.compiler`` compiles one construct per dialect): quoting, casts, the keyset and
+locking clauses, the regex operator, literals. Pieces are plain strings with ``%s`` placeholders
+(both psycopg and PyMySQL bind that style); values are always bound, never inlined, except where a
+piece says it inlines a hex literal (no placeholder can hide in hex)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Operations(Protocol):
+    def quote(self, name: str) -> str:
+        """An identifier, quoted: ``"a""b"`` on PostgreSQL, ```a``b``` on MySQL."""
+
+    def relation(self, schema: str | None, table: str, alias: str | None = None) -> str:
+        """``schema.table`` quoted (``AS alias`` appended when given)."""
+
+    def column(self, name: str, alias: str | None = None) -> str:
+        """A column reference, ``alias.name`` when aliased."""
+
+    def text_of(self, expr: str) -> str:
+        """``expr`` as text (``expr::text`` / ``CAST(expr AS CHAR)``)."""
+
+    def regex_match(self, expr: str, pattern_sql: str) -> str:
+        """True when text ``expr`` matches the regular expression ``pattern_sql`` (a placeholder or literal)."""
+
+    def text_literal(self, text: str) -> str:
+        """A text constant inlined as hex, safe in statements with and without bound parameters."""
+
+    def binary_literal(self, blob: bytes) -> str:
+        """A binary constant (``'\\x..'::bytea`` / ``X'..'``)."""
+
+    def null_safe_equal(self, left: str, right: str) -> str:
+        """Equal, NULL equal to NULL (``IS NOT DISTINCT FROM`` / ``<=>``)."""
+
+    def keyset(self, id_expr: str, lo: Any, hi: Any) -> tuple[list[str], list[Any]]:
+        """Conditions and parameters for ids in ``(lo, hi]``; None: an open end."""
+
+    def next_batch(self, columns: Sequence[str], relation: str, where: Sequence[str], id_expr: str,
+                   lock: str = "") -> str:
+        """``SELECT columns FROM relation WHERE ... ORDER BY id LIMIT %s`` (+ a locking clause)."""
+
+    def lock_clause(self, *, skip_locked: bool, of: str | None = None) -> str:
+        """The row-locking clause of a SELECT that must never wait on an application's row lock
+        when ``skip_locked``."""

@@ -1,0 +1,168 @@
+"""Connections to MySQL 8.0+ and MariaDB 10.6+: PyMySQL through SQLAlchemy (``mysql+pymysql``).
+
+PyMySQL is pure Python: no C client library to install or match to the server (libmysqlclient and
+MariaDB Connector/C differ in auth plugins and versions), and the same driver speaks to MySQL and
+MariaDB alike. Never logs a URL's password; an error names where and why, never a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+import sqlalchemy as sa
+from pymysql.connections import Connection
+from sqlalchemy.engine import make_url
+
+from ...errors import ConfigError, DatabaseError, DatabaseUnavailable
+
+MySqlConnection = Connection
+SCHEMES = ("mysql", "mariadb")
+DEFAULT_PORT = 3306
+MINIMUM = {"mariadb": (10, 6), "mysql": (8, 0)}
+CONNECT_TIMEOUT_S = 10
+PROGRAM_NAME = "pinrotate"  # performance_schema.session_connect_attrs: how our sessions are told apart
+
+# Refusals that trying again cannot cure: access denied (1044, 1045, 1227, 1698), unknown database (1049).
+_PERMANENT_ERRNOS = frozenset({1044, 1045, 1049, 1227, 1698})
+
+
+def sqlalchemy_url(url: str) -> sa.URL:
+    """``mysql://`` or ``mariadb://`` (a driver suffix is replaced) as SQLAlchemy's PyMySQL URL.
+
+    Both map to the ``mysql`` dialect: it detects MariaDB itself, and ``mariadb+pymysql`` would
+    refuse a MySQL server behind a ``mariadb://`` URL.
+    """
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise ConfigError("database.url: not a valid database URL") from None
+    if parsed.get_backend_name() not in SCHEMES:
+        raise ConfigError("database.url: not a MySQL or MariaDB URL (mysql:// or mariadb://)")
+    if not parsed.database:
+        raise ConfigError("database.url: a MySQL / MariaDB URL names its database (mysql://user@host:3306/DATABASE)")
+    return parsed.set(drivername="mysql+pymysql", query={**parsed.query, "charset": "utf8mb4"})
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
+    engine = sa.create_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=2,
+        pool_pre_ping=True,
+        pool_reset_on_return=None,  # raw_connection() hands every connection back rolled back
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "program_name": PROGRAM_NAME},
+    )
+    where = engine.url
+
+    @sa.event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        try:
+            return pymysql.connect(*cargs, **cparams)
+        except pymysql.err.MySQLError as e:
+            raise unavailable(where, e) from None
+
+    return engine
+
+
+def unavailable(url: sa.URL, error: pymysql.err.MySQLError) -> DatabaseUnavailable:
+    """``cannot connect to database "forge" on db:3306 as user "app": <the server's reason>``."""
+    errno = error.args[0] if error.args and isinstance(error.args[0], int) else None
+    reason = str(error.args[1]) if len(error.args) > 1 else type(error).__name__
+    reason = reason.splitlines()[0].strip() if reason.strip() else type(error).__name__
+    if url.password:
+        reason = reason.replace(str(url.password), "***")
+    if errno is not None:
+        reason = f"{reason} (error {errno})"
+    return DatabaseUnavailable(
+        f'cannot connect to database "{url.database or "(none)"}" on {url.host or "localhost"}:'
+        f'{url.port or DEFAULT_PORT} as user "{url.username or "(default)"}": {reason}',
+        retryable=errno not in _PERMANENT_ERRNOS)
+
+
+def describe_db_error(exc: BaseException | None) -> str:
+    """Class name and error number only: a server message may quote row values."""
+    if isinstance(exc, pymysql.err.MySQLError):
+        errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else "no number"
+        return f"{type(exc).__name__}, error {errno}"
+    return type(exc).__name__ if exc is not None else "unknown error"
+
+
+def error_number(exc: BaseException) -> int | None:
+    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+@contextlib.contextmanager
+def raw_connection(engine: sa.Engine) -> Iterator[MySqlConnection]:
+    """A PyMySQL connection from the pool in autocommit mode (every batch is an explicit
+    transaction), handed back rolled back with the session settings pinrotate changes reset."""
+    proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
+    try:
+        conn = proxied.driver_connection
+        assert isinstance(conn, Connection)
+        conn.rollback()
+        conn.autocommit(True)
+        try:
+            yield conn
+        finally:
+            with contextlib.suppress(pymysql.err.MySQLError):
+                if conn.open:
+                    conn.rollback()
+                    with conn.cursor() as cur:
+                        cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+                    conn.autocommit(False)
+    finally:
+        proxied.close()
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    flavour: str  # "mariadb" | "mysql"
+    version: tuple[int, int, int]
+    version_text: str  # SELECT VERSION()
+
+    @property
+    def label(self) -> str:
+        return f"{'MariaDB' if self.flavour == 'mariadb' else 'MySQL'} {'.'.join(map(str, self.version))}"
+
+
+_VERSION = re.compile(r"^(?:5\.5\.5-)?(\d+)\.(\d+)\.(\d+)")
+
+
+def parse_server_version(version_text: str, version_comment: str = "") -> ServerInfo:
+    """``10.11.6-MariaDB-0+deb12u1`` -> MariaDB (10, 11, 6); ``8.0.36`` -> MySQL. ConfigError for a
+    server older than MariaDB 10.6 / MySQL 8.0 (no SKIP LOCKED, no INNODB_TRX columns relied on)."""
+    flavour = "mariadb" if "mariadb" in f"{version_text} {version_comment}".lower() else "mysql"
+    match = _VERSION.match(version_text)
+    if match is None:
+        raise ConfigError(f"database.url: cannot read the server version ({version_text[:40]!r})")
+    version = (int(match[1]), int(match[2]), int(match[3]))
+    info = ServerInfo(flavour, version, version_text)
+    if version[:2] < MINIMUM[flavour]:
+        need = "MariaDB 10.6+" if flavour == "mariadb" else "MySQL 8.0+"
+        raise ConfigError(f"database.url: {info.label} is not supported (pinrotate needs {need}: "
+                          "SKIP LOCKED and the InnoDB views it relies on)")
+    return info
+
+
+def server_info(conn: MySqlConnection) -> ServerInfo:
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION(), @@version_comment")
+            row = cur.fetchone()
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"cannot read the server version ({describe_db_error(e)})") from None
+    assert row is not None
+    return parse_server_version(str(row[0]), str(row[1] or ""))
+
+
+def check_server(engine: sa.Engine) -> ServerInfo:
+    """Connect once and refuse a server too old (ConfigError, one line), before anything else."""
+    with raw_connection(engine) as conn:
+        return server_info(conn)
