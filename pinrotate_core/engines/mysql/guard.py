@@ -119,7 +119,8 @@ class MySqlCasGuard:
             return {r[0]: (tuple(r[1:-1]) if r[-1] else None) for r in cur.fetchall()}
 
     def update_statement(self, rows: int) -> str:
-        """One UPDATE for ``rows`` rows: joined on (id, every old value, exactly), still stale."""
+        """One UPDATE for ``rows`` rows: joined on (id, every old value, exactly), still stale.
+        Only rows this transaction has locked may be given (``lock_current``)."""
         width = len(self.columns)
         first = ", ".join(["%s AS pinrotate_id"] + [f"%s AS o{i}, %s AS n{i}" for i in range(width)])
         rest = ", ".join(["%s"] * (1 + 2 * width))
@@ -131,8 +132,13 @@ class MySqlCasGuard:
             sets.append(f"{ops.column(self.key_version, 't')} = %s")
         # Set to itself: MySQL then leaves an ON UPDATE CURRENT_TIMESTAMP column as it was.
         sets += [f"{ops.column(c, 't')} = {ops.column(c, 't')}" for c in self.kept]
-        return (f"UPDATE {self.rel_t} JOIN ({values}) AS v ON {' AND '.join(match)} "
-                f"SET {', '.join(sets)} WHERE {self.stale_where}")
+        # The rows to write first, then the table by its primary key (STRAIGHT_JOIN, FORCE INDEX):
+        # a multi-table UPDATE locks every row it reads and, unlike a single-table one, does not
+        # skip a row another session holds (no semi-consistent read). Joined the other way round,
+        # which the optimizer picks when the batch is near the table's size, it would scan the
+        # table and wait on the application's rows.
+        return (f"UPDATE ({values}) AS v STRAIGHT_JOIN {self.rel_t} FORCE INDEX (PRIMARY) "
+                f"ON {' AND '.join(match)} SET {', '.join(sets)} WHERE {self.stale_where}")
 
     def write(self, conn: MySqlConnection, rows: Sequence[CasRow], key_version: int | None = None) -> CasOutcome:
         """Write ``rows`` in the caller's open transaction (``batch_transaction``); never waits on a
@@ -173,12 +179,13 @@ class MySqlCasGuard:
 
     def read_back(self, conn: MySqlConnection, ids: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
         """What the server stored for ``ids`` (the written columns, then the key version), read in
-        the writing transaction: its own rows, locked by it."""
+        the writing transaction: its own rows, locked by it, so a plain read (which never waits;
+        a locking read may scan and wait on rows of others) sees what it wrote."""
         if not ids:
             return {}
         names = [c.name for c in self.columns] + ([self.key_version] if self.key_version else [])
         marks = ", ".join(["%s"] * len(ids))
         with conn.cursor() as cur:
             cur.execute(f"SELECT {self.id}, {', '.join(map(ops.quote, names))} FROM {self.rel} "
-                        f"WHERE {self.id} IN ({marks}) FOR UPDATE", tuple(ids))
+                        f"WHERE {self.id} IN ({marks})", tuple(ids))
             return {r[0]: tuple(r[1:]) for r in cur.fetchall()}
