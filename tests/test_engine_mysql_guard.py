@@ -43,7 +43,7 @@ def app_conn(mariadb: MariaDbServer, mysql_database: str) -> Iterator[MySqlConne
 
 def run(conn: MySqlConnection, statement: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
     with conn.cursor() as cur:
-        cur.execute(statement, params)
+        cur.execute(statement, params or None)
         return list(cur.fetchall())
 
 

@@ -35,6 +35,7 @@ class CandidateColumn:
     type_name: str
     binary: bool  # bytes (BLOB, VARBINARY, bytea) rather than text
     readable: bool  # the role may SELECT it; False: UNREADABLE unless vouched for
+    transactional: bool = True  # inside the snapshot (False: MyISAM, Aria, MEMORY: UNSWEPT unless vouched for)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,166 @@
+"""What the retire gate asks of MySQL / MariaDB (``base.checks.GateChecks``): one consistent
+read-only snapshot, the columns the sweep must read on the whole server, transactions in flight
+(``INNODB_TRX``) and prepared (``XA RECOVER``), durability settings and the primary's position.
+Reads only; every failure to read is a DatabaseError naming what was missing (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pymysql
+
+from ...errors import DatabaseError
+from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
+from .connect import MySqlConnection, describe_db_error, error_number
+from .replication import replica_status
+
+SYSTEM_SCHEMAS = ("mysql", "sys", "information_schema", "performance_schema")
+TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json")
+BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")
+# Storage engines whose rows a consistent snapshot covers (and that roll back).
+TRANSACTIONAL_ENGINES = ("innodb",)
+_ACCESS_DENIED = frozenset({1142, 1143, 1227})
+_NO_SUCH_TABLE = 1146
+INNODB_TRX_CACHE_S = 0.1  # information_schema.INNODB_TRX is refreshed at most this often
+
+
+def _rows(conn: MySqlConnection, what: str, statement: str,
+          params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, params or None)  # no parameters: a % is a plain character
+            return list(cur.fetchall())
+    except pymysql.err.MySQLError as e:
+        hint = " (the role needs the PROCESS privilege)" if error_number(e) == 1227 and "INNODB_TRX" in statement else ""
+        raise DatabaseError(f"cannot read {what} ({describe_db_error(e)}){hint}") from None
+
+
+class MySqlGateChecks:
+    @contextlib.contextmanager
+    def snapshot(self, conn: MySqlConnection) -> Iterator[None]:
+        """Every read inside sees one moment of every InnoDB table of the server; nothing can be
+        written through it. Rolled back at the end (there is nothing to commit)."""
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction only
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+    def candidate_columns(self, conn: MySqlConnection) -> list[CandidateColumn]:
+        """Every text, JSON or binary column of every base table the server shows this role,
+        system schemas aside, each marked readable or not (an ``EXPLAIN`` of its SELECT) and
+        transactional or not (a MyISAM / Aria / MEMORY table is outside any snapshot).
+
+        A table on which the role holds no privilege at all is not shown by
+        ``information_schema``: ``sees_every_table`` tells whether that can happen.
+        """
+        kinds = ", ".join(f"'{t}'" for t in (*TEXT_TYPES, *BINARY_TYPES))
+        system = ", ".join(f"'{s}'" for s in SYSTEM_SCHEMAS)
+        rows = _rows(conn, "the catalog of the sweep",
+                     "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, LOWER(c.DATA_TYPE), LOWER(t.ENGINE)"
+                     " FROM information_schema.COLUMNS c JOIN information_schema.TABLES t"
+                     " ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME"
+                     f" WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.TABLE_SCHEMA NOT IN ({system})"
+                     f" AND LOWER(c.DATA_TYPE) IN ({kinds}) AND c.EXTRA NOT LIKE '%GENERATED%'"
+                     " ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION")
+        found: list[CandidateColumn] = []
+        for schema, table, column, type_name, engine in rows:
+            readable = self._readable(conn, str(schema), str(table), str(column))
+            found.append(CandidateColumn(str(schema), str(table), str(column), str(type_name),
+                                         binary=str(type_name) in BINARY_TYPES, readable=readable,
+                                         transactional=str(engine or "") in TRANSACTIONAL_ENGINES))
+        return found
+
+    @staticmethod
+    def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
+        quoted = [f"`{n.replace('`', '``')}`" for n in (schema, table, column)]
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"EXPLAIN SELECT {quoted[2]} FROM {quoted[0]}.{quoted[1]} LIMIT 0")
+                cur.fetchall()
+        except pymysql.err.MySQLError as e:
+            if error_number(e) in _ACCESS_DENIED:
+                return False
+            if error_number(e) == _NO_SUCH_TABLE:  # dropped since the catalog was read: nothing left to find
+                return True
+            raise DatabaseError(f"cannot check the privileges on {schema}.{table} ({describe_db_error(e)})") from None
+        return True
+
+    def sees_every_table(self, conn: MySqlConnection) -> bool:
+        """True when the role holds a global SELECT (``GRANT SELECT ON *.*``), so that
+        ``information_schema`` hides no table from it. Granted through a role, it is not seen
+        here: the answer is then False (fail closed)."""
+        rows = _rows(conn, "the role's global privileges",
+                     "SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'SELECT'"
+                     " AND GRANTEE = CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''',"
+                     " SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')")
+        return bool(rows and int(str(rows[0][0])) > 0)
+
+    def in_flight(self, conn: MySqlConnection) -> list[OpenTransaction]:
+        """InnoDB transactions of other sessions that can write: neither read-only nor a
+        non-locking autocommit SELECT. Needs the PROCESS privilege. A transaction that has not
+        yet touched an InnoDB table is not there yet (InnoDB starts it at its first access).
+
+        InnoDB serves this view from a cache refreshed at most every ``INNODB_TRX_CACHE_S``: what
+        it shows may be that old. A mark of what was in flight at a moment is read that long
+        after the moment; a transaction that ended may still be listed that long."""
+        rows = _rows(conn, "the transactions in flight (information_schema.INNODB_TRX)",
+                     "SELECT x.trx_mysql_thread_id, x.trx_id, p.USER, x.trx_state,"
+                     " TIMESTAMPDIFF(MICROSECOND, x.trx_started, NOW(6)) / 1e6"
+                     " FROM information_schema.INNODB_TRX x"
+                     " LEFT JOIN information_schema.PROCESSLIST p ON p.ID = x.trx_mysql_thread_id"
+                     " WHERE x.trx_mysql_thread_id <> CONNECTION_ID()"
+                     " AND NOT x.trx_is_read_only AND NOT x.trx_autocommit_non_locking"
+                     " ORDER BY x.trx_started, x.trx_mysql_thread_id")
+        return [OpenTransaction(int(str(thread)), str(trx), None if user is None else str(user),
+                                None if state is None else str(state), float(str(open_s or 0)))
+                for thread, trx, user, state, open_s in rows]
+
+    def prepared(self, conn: MySqlConnection) -> list[str]:
+        """XA transactions prepared and not yet committed or rolled back, server-wide (XA has no
+        database): ``formatID:gtrid:bqual`` in hex. MySQL 8 asks XA_RECOVER_ADMIN for it."""
+        rows = _rows(conn, "the prepared XA transactions (XA RECOVER)", "XA RECOVER")
+        out = []
+        for format_id, gtrid_length, bqual_length, data in rows:
+            raw = data if isinstance(data, bytes) else str(data).encode()
+            g, b = int(str(gtrid_length)), int(str(bqual_length))
+            out.append(f"{format_id}:{raw[:g].hex()}:{raw[g:g + b].hex()}")
+        return out
+
+    def durability(self, conn: MySqlConnection) -> Durability:
+        """Durable when every commit is flushed before it returns: ``innodb_flush_log_at_trx_commit
+        = 1`` and, with a binary log, ``sync_binlog = 1``. Otherwise commits reach the disk within
+        ``innodb_flush_log_at_timeout`` seconds (``flush_wait_s``): a gate may wait that long
+        after its reads instead."""
+        rows = _rows(conn, "the durability settings",
+                     "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, @@innodb_flush_log_at_timeout")
+        flush, sync_binlog, log_bin, timeout = (int(str(v)) for v in rows[0])
+        reasons = []
+        if flush != 1:
+            reasons.append(f"innodb_flush_log_at_trx_commit = {flush}: a commit is flushed within "
+                           f"innodb_flush_log_at_timeout = {timeout}s, not at once")
+        if log_bin and sync_binlog != 1:
+            reasons.append(f"sync_binlog = {sync_binlog}: the binary log is not flushed at every commit")
+        settings = {"innodb_flush_log_at_trx_commit": flush, "sync_binlog": sync_binlog, "log_bin": bool(log_bin),
+                    "flush_wait_s": 0 if not reasons else max(timeout, 1)}
+        return Durability(not reasons, settings, tuple(reasons))
+
+    def primary_position(self, conn: MySqlConnection) -> str | None:
+        """The GTID position of everything committed here (None without a binary log):
+        ``@@gtid_binlog_pos`` on MariaDB (``domain-server-seqno``), ``@@gtid_executed`` on MySQL (UUID sets)."""
+        rows = _rows(conn, "the binary log settings", "SELECT @@log_bin, @@version")
+        if not int(str(rows[0][0])):
+            return None
+        variable = "@@gtid_binlog_pos" if "mariadb" in str(rows[0][1]).lower() else "@@gtid_executed"
+        position = _rows(conn, "the GTID position", f"SELECT {variable}")
+        return str(position[0][0] or "")
+
+    def replica_positions(self, conn: MySqlConnection) -> list[ReplicaPosition]:
+        return replica_status(conn)
+
+
+GATE_CHECKS = MySqlGateChecks()

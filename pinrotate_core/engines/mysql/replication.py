@@ -1,0 +1,123 @@
+"""Replication on MySQL / MariaDB as the gate and the throttle see it: each replica's own status
+(``SHOW ALL SLAVES STATUS`` on MariaDB, ``SHOW REPLICA STATUS`` on MySQL 8.0.22+, ``SHOW SLAVE
+STATUS`` before), waiting for a GTID position, and gh-ost's heartbeat (a row the primary
+stamps, read back on a replica). Error numbers only, never a replica's error text (it may quote a
+statement and its values)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymysql
+from pymysql.cursors import DictCursor
+
+from ...errors import DatabaseError
+from ..base.checks import ReplicaPosition
+from .connect import MySqlConnection, describe_db_error, error_number
+
+HEARTBEAT_SCHEMA = "pinrotate"
+HEARTBEAT_TABLE = "heartbeat"
+_PRIVILEGE_HINT = " (the role needs REPLICATION CLIENT, or REPLICA MONITOR / SLAVE MONITOR on MariaDB 10.5+)"
+
+
+def _is_mariadb(conn: MySqlConnection) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@version")
+        row = cur.fetchone()
+    return bool(row and "mariadb" in str(row[0]).lower())
+
+
+def _status_rows(conn: MySqlConnection) -> list[dict[str, Any]]:
+    statements = (["SHOW ALL SLAVES STATUS"] if _is_mariadb(conn)
+                  else ["SHOW REPLICA STATUS", "SHOW SLAVE STATUS"])  # MySQL before 8.0.22 knows only the second
+    for statement in statements:
+        try:
+            with conn.cursor(DictCursor) as cur:
+                cur.execute(statement)
+                return list(cur.fetchall())
+        except pymysql.err.MySQLError as e:
+            if error_number(e) == 1064 and statement != statements[-1]:
+                continue
+            hint = _PRIVILEGE_HINT if error_number(e) in (1227, 1142) else ""
+            raise DatabaseError(f"cannot read the replication status ({describe_db_error(e)}){hint}") from None
+    return []
+
+
+def _pick(row: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        if name in row:
+            return row[name]
+    return None
+
+
+def position_of(row: dict[str, Any]) -> ReplicaPosition:
+    """One row of the replica status, in the names of either server (``Slave_*``/``Master_*`` on
+    MariaDB and older MySQL, ``Replica_*``/``Source_*`` on MySQL 8.0.22+)."""
+    io = str(_pick(row, "Replica_IO_Running", "Slave_IO_Running") or "")
+    sql_thread = str(_pick(row, "Replica_SQL_Running", "Slave_SQL_Running") or "")
+    lag = _pick(row, "Seconds_Behind_Source", "Seconds_Behind_Master")
+    host = _pick(row, "Source_Host", "Master_Host")
+    port = _pick(row, "Source_Port", "Master_Port")
+    channel = _pick(row, "Connection_name", "Channel_Name", "Channel_name")
+    name = f"{channel + '@' if channel else ''}{host}:{port}"
+    running = io == "Yes" and sql_thread == "Yes"
+    problem = None
+    if not running:
+        errors = [f"{k} {row[k]}" for k in ("Last_IO_Errno", "Last_SQL_Errno") if row.get(k)]
+        problem = (f"replication not running (IO {io or '?'}, SQL {sql_thread or '?'}"
+                   f"{'; ' + ', '.join(errors) if errors else ''})")
+    position = _pick(row, "Gtid_Slave_Pos", "Executed_Gtid_Set", "Gtid_IO_Pos")
+    return ReplicaPosition(name, None if lag is None or not running else float(lag),
+                           None if position is None else str(position).replace("\n", ""), running, problem)
+
+
+def replica_status(conn: MySqlConnection) -> list[ReplicaPosition]:
+    """The sources this server replicates from, as it sees them (empty on a primary)."""
+    return [position_of(row) for row in _status_rows(conn)]
+
+
+def wait_for_position(replica: MySqlConnection, position: str, timeout: float) -> bool:
+    """True once ``replica`` has applied the primary's GTID ``position`` (``MASTER_GTID_WAIT`` on
+    MariaDB, ``WAIT_FOR_EXECUTED_GTID_SET`` on MySQL), False after ``timeout`` seconds."""
+    if not position:
+        return True
+    wait = ("SELECT MASTER_GTID_WAIT(%s, %s)" if _is_mariadb(replica)
+            else "SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, %s)")
+    try:
+        with replica.cursor() as cur:
+            cur.execute(wait, (position, max(timeout, 0.001)))
+            row = cur.fetchone()
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"cannot wait for the replica's GTID position ({describe_db_error(e)})") from None
+    return row is not None and row[0] is not None and int(row[0]) == 0
+
+
+def _heartbeat(schema: str, table: str) -> str:
+    return f"`{schema.replace('`', '``')}`.`{table.replace('`', '``')}`"
+
+
+def create_heartbeat_sql(schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> str:
+    return (f"CREATE TABLE IF NOT EXISTS {_heartbeat(schema, table)} (id TINYINT PRIMARY KEY,"
+            " stamped_at DATETIME(6) NOT NULL) ENGINE = InnoDB")
+
+
+def write_heartbeat(primary: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> None:
+    """Stamp the primary's clock into the heartbeat row (one autocommit statement)."""
+    try:
+        with primary.cursor() as cur:
+            cur.execute(f"REPLACE INTO {_heartbeat(schema, table)} (id, stamped_at) VALUES (1, UTC_TIMESTAMP(6))")
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"cannot write the replication heartbeat ({describe_db_error(e)})") from None
+
+
+def heartbeat_lag(replica: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> float | None:
+    """Seconds between the last stamp the replica has applied and its own clock (clock skew
+    between the two servers included, as with gh-ost); None before the first stamp arrived."""
+    try:
+        with replica.cursor() as cur:
+            cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, stamped_at, UTC_TIMESTAMP(6)) / 1e6 "
+                        f"FROM {_heartbeat(schema, table)} WHERE id = 1")
+            row = cur.fetchone()
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"cannot read the replication heartbeat ({describe_db_error(e)})") from None
+    return None if row is None else max(0.0, float(row[0]))
