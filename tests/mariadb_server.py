@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,8 +105,9 @@ def machine_server(host: str = MACHINE_HOST, port: int = MACHINE_PORT) -> MariaD
     return server
 
 
-def start_own_server(port: int | None = None) -> MariaDbServer:
-    """A ``mariadbd`` of our own in a temporary data directory, on a free loopback port.
+def start_own_server(port: int | None = None, extra_args: Sequence[str] = ()) -> MariaDbServer:
+    """A ``mariadbd`` of our own in a temporary data directory, on a free loopback port;
+    ``extra_args`` for the daemon (e.g. ``--log-bin``, ``--server-id=2`` for a replication pair).
 
     Raises RuntimeError naming what is missing (run scripts/ensure-ops-tools.sh) or the server's
     own last log lines when it does not come up.
@@ -129,7 +130,7 @@ def start_own_server(port: int | None = None) -> MariaDbServer:
     process = subprocess.Popen(
         [daemon, "--no-defaults", f"--datadir={datadir}", f"--socket={sock}", f"--port={port}",
          "--bind-address=127.0.0.1", f"--pid-file={base / 'mariadbd.pid'}", f"--log-error={log}",
-         "--innodb-buffer-pool-size=32M", "--skip-name-resolve", *as_root],
+         "--innodb-buffer-pool-size=32M", "--skip-name-resolve", *as_root, *extra_args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = MariaDbServer("127.0.0.1", port, process=process, base_dir=base)
     deadline = time.monotonic() + START_TIMEOUT

@@ -1,0 +1,103 @@
+"""Replication as the MySQL room sees it, on a real pair of MariaDB servers started here (the
+fallback path of tests/mariadb_server.py: our own mariadbd in a temporary data directory): GTID
+positions, waiting for them, each replica's status and lag, the heartbeat, a stopped replica."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from pinrotate_core.engines.mysql.catalog import read_only_reasons
+from pinrotate_core.engines.mysql.connect import MySqlConnection
+from pinrotate_core.engines.mysql.gate import GATE_CHECKS
+from pinrotate_core.engines.mysql.replication import (
+    create_heartbeat_sql,
+    heartbeat_lag,
+    replica_status,
+    wait_for_position,
+    write_heartbeat,
+)
+from pinrotate_core.engines.mysql.signals import THROTTLE_SIGNALS
+from tests.mariadb_server import MariaDbServer, start_own_server
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[MariaDbServer, MariaDbServer]]:
+    primary = start_own_server(extra_args=["--log-bin=primary-bin", "--server-id=1", "--binlog-format=ROW"])
+    replica = None
+    try:
+        replica = start_own_server(extra_args=["--server-id=2", "--read-only=ON"])
+        with contextlib.closing(replica.connect()) as conn, conn.cursor() as cur:
+            cur.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, MASTER_USER='root',"
+                        " MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1")
+            cur.execute("START SLAVE")
+        yield primary, replica
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def run(conn: MySqlConnection, statement: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(statement, params or None)
+        return list(cur.fetchall())
+
+
+def test_our_own_servers_answer_on_free_ports(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+    primary, replica = pair
+    assert primary.owned and replica.owned and primary.port != replica.port != 3306
+
+
+def test_a_replica_caught_up_with_the_primary_gtid_position(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+    primary, replica = pair
+    with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
+        run(p, "CREATE DATABASE IF NOT EXISTS app")
+        run(p, "CREATE TABLE IF NOT EXISTS app.t (id INT PRIMARY KEY, c TEXT)")
+        run(p, "REPLACE INTO app.t VALUES (1, 'x')")
+        position = GATE_CHECKS.primary_position(p)
+        assert position is not None and position.startswith("0-1-")  # MariaDB: domain-server-seqno
+        assert wait_for_position(r, position, 20)
+        assert run(r, "SELECT c FROM app.t WHERE id = 1") == [("x",)]
+        (status,) = replica_status(r)
+        assert status.running and status.lag_s is not None and status.lag_s >= 0
+        assert status.name == f"127.0.0.1:{primary.port}" and status.position == position
+        assert [s.running for s in THROTTLE_SIGNALS.replica_lag(r)] == [True]
+        assert replica_status(p) == []  # the primary replicates from nobody
+        assert read_only_reasons(r) == ("@@read_only = ON",) and read_only_reasons(p) == ()
+        # Binary log on, sync_binlog = 0 (MariaDB's default): not durable at every commit.
+        durability = GATE_CHECKS.durability(p)
+        assert not durability.durable and any("sync_binlog = 0" in why for why in durability.reasons)
+
+
+def test_the_heartbeat_measures_the_replicas_delay(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+    primary, replica = pair
+    with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
+        run(p, "CREATE DATABASE IF NOT EXISTS pinrotate")
+        run(p, create_heartbeat_sql())
+        write_heartbeat(p)
+        position = GATE_CHECKS.primary_position(p)
+        assert position and wait_for_position(r, position, 20)
+        lag = heartbeat_lag(r)
+        assert lag is not None and 0 <= lag < 10
+
+
+def test_a_stopped_replica_is_not_caught_up_and_has_no_lag_figure(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+    primary, replica = pair
+    with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
+        run(p, "CREATE DATABASE IF NOT EXISTS app")
+        run(p, "CREATE TABLE IF NOT EXISTS app.t (id INT PRIMARY KEY, c TEXT)")
+        run(r, "STOP SLAVE SQL_THREAD")
+        try:
+            run(p, "REPLACE INTO app.t VALUES (2, 'behind')")
+            position = GATE_CHECKS.primary_position(p)
+            assert position is not None
+            assert not wait_for_position(r, position, 0.3)
+            (status,) = replica_status(r)
+            assert not status.running and status.lag_s is None
+            assert status.problem is not None and status.problem.startswith("replication not running (IO Yes, SQL No")
+        finally:
+            run(r, "START SLAVE SQL_THREAD")
+        assert wait_for_position(r, position, 20)  # and it catches up once started again
