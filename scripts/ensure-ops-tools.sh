@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install the operations tools the metrics and alert tests run against, when they are missing:
 # Debian's prometheus-pushgateway (/usr/bin/prometheus-pushgateway) and prometheus (/usr/bin/promtool),
-# and chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page.
-# Idempotent and quiet: does nothing when all three binaries are already on PATH. Needs root (or sudo)
+# chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page, and
+# mariadb-server (/usr/sbin/mariadbd, mariadb-install-db) for the MySQL / MariaDB tests when no MariaDB
+# answers on 127.0.0.1:3306 (tests/mariadb_server.py starts its own then).
+# Idempotent and quiet: does nothing when all of them are already installed. Needs root (or sudo)
 # on Debian/Ubuntu; never starts a service (the tests start their own Pushgateway on loopback).
 set -euo pipefail
 
@@ -10,6 +12,8 @@ missing=()
 command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+# /usr/sbin is not on every user's PATH: look there too.
+{ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || missing+=(mariadb-server)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi
@@ -55,7 +59,7 @@ if ! { "${as_root[@]}" apt-get update -qq && \
 fi
 rm -f "$apt_log"
 
-for tool in prometheus-pushgateway promtool chromium; do
+for tool in prometheus-pushgateway promtool chromium mariadb-install-db; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "ensure-ops-tools: $tool still missing after apt-get install" >&2
         exit 1

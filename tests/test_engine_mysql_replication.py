@@ -76,7 +76,8 @@ def test_the_heartbeat_measures_the_replicas_delay(pair: tuple[MariaDbServer, Ma
     primary, replica = pair
     with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
         run(p, "CREATE DATABASE IF NOT EXISTS pinrotate")
-        run(p, create_heartbeat_sql())
+        with p.cursor() as cur:
+            cur.execute(create_heartbeat_sql(), ())  # composed of quoted names: run with a parameter tuple
         write_heartbeat(p)
         position = GATE_CHECKS.primary_position(p)
         assert position and wait_for_position(r, position, 20)

@@ -2,7 +2,11 @@
 ``sqlalchemy.sql.compiler`` compiles one construct per dialect): quoting, casts, the keyset and
 locking clauses, the regex operator, literals. Pieces are plain strings with ``%s`` placeholders
 (both psycopg and PyMySQL bind that style); values are always bound, never inlined, except where a
-piece says it inlines a hex literal (no placeholder can hide in hex)."""
+piece says it inlines a hex literal (no placeholder can hide in hex).
+
+A statement composed of these pieces is always executed WITH a parameter sequence, an empty one
+if need be: a ``%`` in a quoted name is doubled (``%%``), which both drivers turn back into one
+only when parameters are given."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Any, Protocol
 
 class Operations(Protocol):
     def quote(self, name: str) -> str:
-        """An identifier, quoted: ``"a""b"`` on PostgreSQL, ```a``b``` on MySQL."""
+        """An identifier, quoted: ``"a""b"`` on PostgreSQL, ```a``b``` on MySQL; ``%`` doubled."""
 
     def relation(self, schema: str | None, table: str, alias: str | None = None) -> str:
         """``schema.table`` quoted (``AS alias`` appended when given)."""
@@ -45,3 +49,24 @@ class Operations(Protocol):
     def lock_clause(self, *, skip_locked: bool, of: str | None = None) -> str:
         """The row-locking clause of a SELECT that must never wait on an application's row lock
         when ``skip_locked``."""
+
+
+class StandardClauses:
+    """The keyset and batch clauses: standard SQL, the same text on every engine."""
+
+    def keyset(self, id_expr: str, lo: Any, hi: Any) -> tuple[list[str], list[Any]]:
+        conds: list[str] = []
+        params: list[Any] = []
+        if lo is not None:
+            conds.append(f"{id_expr} > %s")
+            params.append(lo)
+        if hi is not None:
+            conds.append(f"{id_expr} <= %s")
+            params.append(hi)
+        return conds, params
+
+    def next_batch(self, columns: Sequence[str], relation: str, where: Sequence[str], id_expr: str,
+                   lock: str = "") -> str:
+        condition = " AND ".join(f"({w})" for w in where) or "TRUE"
+        statement = f"SELECT {', '.join(columns)} FROM {relation} WHERE {condition} ORDER BY {id_expr} LIMIT %s"
+        return f"{statement} {lock}" if lock else statement

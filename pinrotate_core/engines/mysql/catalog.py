@@ -109,7 +109,7 @@ def missing_privileges(conn: MySqlConnection, schema: str, table: str, *, select
     def refused(statement: str) -> bool:
         try:
             with conn.cursor() as cur:
-                cur.execute(f"EXPLAIN {statement}")
+                cur.execute(f"EXPLAIN {statement}", ())  # () : the quoted names' %% become %
                 cur.fetchall()
         except pymysql.err.MySQLError as e:
             if error_number(e) in _DENIED:

@@ -14,6 +14,7 @@ import pymysql
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
 from .connect import MySqlConnection, describe_db_error, error_number
+from .operations import OPERATIONS as ops
 from .replication import replica_status
 
 SYSTEM_SCHEMAS = ("mysql", "sys", "information_schema", "performance_schema")
@@ -77,10 +78,9 @@ class MySqlGateChecks:
 
     @staticmethod
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
-        quoted = [f"`{n.replace('`', '``')}`" for n in (schema, table, column)]
         try:
             with conn.cursor() as cur:
-                cur.execute(f"EXPLAIN SELECT {quoted[2]} FROM {quoted[0]}.{quoted[1]} LIMIT 0")
+                cur.execute(f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0", ())
                 cur.fetchall()
         except pymysql.err.MySQLError as e:
             if error_number(e) in _ACCESS_DENIED:

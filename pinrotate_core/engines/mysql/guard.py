@@ -73,8 +73,9 @@ def batch_transaction(conn: MySqlConnection, lock_wait: float) -> Iterator[None]
 
 class MySqlCasGuard:
     """The statements of one target: ``columns`` written (with ``key_version`` set to the current
-    version when given), ``stale_where`` (SQL over alias ``t``, no parameters) admitting the rows a
-    run may write (stale, in scope)."""
+    version when given), ``stale_where`` (SQL over alias ``t``, no parameters, composed of the
+    room's pieces so that a ``%`` in it is doubled) admitting the rows a run may write (stale, in
+    scope). Every statement runs with a parameter tuple."""
 
     def __init__(self, table: TableCatalog, id_column: str, columns: Sequence[str], *,
                  key_version: str | None = None, stale_where: str = "TRUE") -> None:

@@ -14,6 +14,7 @@ from pymysql.cursors import DictCursor
 from ...errors import DatabaseError
 from ..base.checks import ReplicaPosition
 from .connect import MySqlConnection, describe_db_error, error_number
+from .operations import OPERATIONS as ops
 
 HEARTBEAT_SCHEMA = "pinrotate"
 HEARTBEAT_TABLE = "heartbeat"
@@ -93,10 +94,11 @@ def wait_for_position(replica: MySqlConnection, position: str, timeout: float) -
 
 
 def _heartbeat(schema: str, table: str) -> str:
-    return f"`{schema.replace('`', '``')}`.`{table.replace('`', '``')}`"
+    return ops.relation(schema, table)
 
 
 def create_heartbeat_sql(schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> str:
+    """The heartbeat table's DDL (for its owner to run, with an empty parameter tuple)."""
     return (f"CREATE TABLE IF NOT EXISTS {_heartbeat(schema, table)} (id TINYINT PRIMARY KEY,"
             " stamped_at DATETIME(6) NOT NULL) ENGINE = InnoDB")
 
@@ -105,7 +107,7 @@ def write_heartbeat(primary: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, ta
     """Stamp the primary's clock into the heartbeat row (one autocommit statement)."""
     try:
         with primary.cursor() as cur:
-            cur.execute(f"REPLACE INTO {_heartbeat(schema, table)} (id, stamped_at) VALUES (1, UTC_TIMESTAMP(6))")
+            cur.execute(f"REPLACE INTO {_heartbeat(schema, table)} (id, stamped_at) VALUES (1, UTC_TIMESTAMP(6))", ())
     except pymysql.err.MySQLError as e:
         raise DatabaseError(f"cannot write the replication heartbeat ({describe_db_error(e)})") from None
 
@@ -116,7 +118,7 @@ def heartbeat_lag(replica: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, tabl
     try:
         with replica.cursor() as cur:
             cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, stamped_at, UTC_TIMESTAMP(6)) / 1e6 "
-                        f"FROM {_heartbeat(schema, table)} WHERE id = 1")
+                        f"FROM {_heartbeat(schema, table)} WHERE id = 1", ())
             row = cur.fetchone()
     except pymysql.err.MySQLError as e:
         raise DatabaseError(f"cannot read the replication heartbeat ({describe_db_error(e)})") from None
