@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from pinrotate_core.engines.mysql.connect import MySqlConnection, make_engine, raw_connection
 from pinrotate_core.engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
 from pinrotate_core.engines.mysql.signals import ADVISORY_LOCK, SINGLE_INSTANCE_LOCK, THROTTLE_SIGNALS
+from pinrotate_core.engines.mysql.sweep import stream_values
 from pinrotate_core.errors import DatabaseError
 from tests.mariadb_server import MariaDbServer
 
@@ -182,3 +183,24 @@ def test_reading_in_flight_without_process_privilege_fails_closed(mariadb: Maria
     finally:
         run(admin, f"DROP USER '{user}'@'%'")
         admin.close()
+
+
+def test_the_sweep_streams_values_holding_the_marker_in_text_binary_and_json_columns(
+        mysql_database: str, my_conn: MySqlConnection, app_conn: MySqlConnection) -> None:
+    run(my_conn, "CREATE TABLE notes (id INT PRIMARY KEY, body TEXT CHARACTER SET latin1, raw BLOB, doc JSON,"
+                 " other VARCHAR(20))")
+    run(my_conn, "INSERT INTO notes VALUES (1, 'see FPC1:k1:abc here', NULL, NULL, 'FPC1:k9:x'),"
+                 " (2, 'plain', X'00465043313a6b323a01', '{\"p\": \"FPC1:k3:zz\"}', NULL),"
+                 " (3, NULL, X'0102', '{}', 'nothing')")
+    columns = [c for c in GATE_CHECKS.candidate_columns(my_conn)
+               if c.schema == mysql_database and c.table == "notes" and c.column != "other"]
+    assert [c.column for c in columns] == ["body", "raw", "doc"]
+    with GATE_CHECKS.snapshot(my_conn):
+        run(app_conn, "INSERT INTO notes VALUES (4, 'FPC1:k4:after the snapshot', NULL, NULL, NULL)")
+        app_conn.commit()
+        found = sorted((columns[i].column, v if isinstance(v, str) else v.hex())
+                       for i, v in stream_values(my_conn, columns, "FPC1:"))
+        everything = list(stream_values(my_conn, columns))
+    assert found == [("body", "see FPC1:k1:abc here"), ("doc", '{"p": "FPC1:k3:zz"}'),
+                     ("raw", "00465043313a6b323a01")]
+    assert len(everything) == 6  # every non-NULL value of the three columns, rows 1-3 only
