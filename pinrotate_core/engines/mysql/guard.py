@@ -89,6 +89,13 @@ class MySqlCasGuard:
         # Rewritten by the server on every UPDATE unless set to themselves in the same statement.
         self.kept = [c.name for c in table.auto_updated if c.name not in columns and c.name != key_version]
 
+    def needed_privileges(self) -> tuple[list[str], list[str]]:
+        """(SELECT, UPDATE) columns the write needs: the kept ``ON UPDATE CURRENT_TIMESTAMP``
+        columns too, since setting one to itself is an UPDATE of it (without the privilege the
+        server refuses the statement; pinrotate must never write without keeping them)."""
+        written = [c.name for c in self.columns] + ([self.key_version] if self.key_version else []) + self.kept
+        return list(dict.fromkeys([self.table.primary_key[0], *written])), written
+
     def read_batch(self, conn: MySqlConnection, lo: Any, hi: Any, size: int,
                    extra: Sequence[str] = ()) -> list[tuple[Any, ...]]:
         """The next ``size`` stale rows after ``lo`` (up to ``hi``) in id order, without row locks:
