@@ -15,6 +15,7 @@ from pinrotate_core.engines.mysql.catalog import CATALOG, read_only_reasons
 from pinrotate_core.engines.mysql.connect import (
     MySqlConnection,
     check_server,
+    database_identity,
     make_engine,
     parse_server_version,
     raw_connection,
@@ -202,3 +203,11 @@ def test_a_session_set_read_only_is_detected(my_conn: MySqlConnection) -> None:
         run(my_conn, "SET SESSION TRANSACTION READ WRITE")
     # MariaDB before 11.1 names it tx_read_only, MySQL 8 transaction_read_only.
     assert any(r.startswith(("@@tx_read_only", "@@transaction_read_only")) for r in reasons)
+
+
+def test_the_database_identity_names_the_server_and_database_without_secrets(
+        mariadb: MariaDbServer, mysql_database: str, mysql_engine: sa.Engine) -> None:
+    identity = database_identity(mysql_engine)
+    assert identity["database"] == mysql_database and identity["port"] == mariadb.port
+    assert identity["system_identifier"]  # MariaDB's @@server_uid (MySQL: @@server_uuid)
+    assert "MariaDB" in identity["server_version"]

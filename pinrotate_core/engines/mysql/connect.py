@@ -166,3 +166,26 @@ def check_server(engine: sa.Engine) -> ServerInfo:
     """Connect once and refuse a server too old (ConfigError, one line), before anything else."""
     with raw_connection(engine) as conn:
         return server_info(conn)
+
+
+def database_identity(engine: sa.Engine) -> dict[str, Any]:
+    """Which database a report speaks of, as ``db.database_identity`` says it for PostgreSQL:
+    the server's own identifier (MySQL ``@@server_uuid``, kept in auto.cnf; MariaDB ``@@server_uid``,
+    derived from its host, port and data directory), database, address and version."""
+    url = engine.url
+    identity: dict[str, Any] = {"system_identifier": None, "database": url.database, "host": url.host or "localhost",
+                                "port": url.port or DEFAULT_PORT, "server_version": None}
+    with raw_connection(engine) as conn:
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW VARIABLES WHERE Variable_name IN ('server_uuid', 'server_uid', 'port', 'version')")
+                found = {str(k): str(v) for k, v in cur.fetchall()}
+                cur.execute("SELECT DATABASE()")
+                row = cur.fetchone()
+        except pymysql.err.MySQLError as e:
+            raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
+    identity["system_identifier"] = found.get("server_uuid") or found.get("server_uid")
+    identity["server_version"] = found.get("version")
+    identity["port"] = int(found.get("port") or identity["port"])
+    identity["database"] = str(row[0]) if row and row[0] is not None else identity["database"]
+    return identity
