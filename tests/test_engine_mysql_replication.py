@@ -20,7 +20,7 @@ from pinrotate_core.engines.mysql.replication import (
     write_heartbeat,
 )
 from pinrotate_core.engines.mysql.signals import THROTTLE_SIGNALS
-from tests.mariadb_server import MariaDbServer, start_own_server
+from tests.mariadb_server import MariaDbServer, free_port, machine_server, start_own_server
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,10 @@ def run(conn: MySqlConnection, statement: str, params: tuple[object, ...] = ()) 
 def test_our_own_servers_answer_on_free_ports(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
     primary, replica = pair
     assert primary.owned and replica.owned and primary.port != replica.port != 3306
+
+
+def test_no_machine_server_where_nothing_answers_so_the_tests_start_their_own() -> None:
+    assert machine_server(port=free_port()) is None
 
 
 def test_a_replica_caught_up_with_the_primary_gtid_position(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
