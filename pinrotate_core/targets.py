@@ -46,9 +46,10 @@ class ResolvedTarget:
     # triggers = "disable": every writing batch runs SET LOCAL session_replication_role = replica
     # (see ``writing_batch_begin``); checked at resolve time that the role may set it.
     disable_triggers: bool = False
-    # A plain table with no inheritance children: a row version is found again by its ``ctid``
-    # (one heap fetch, no second primary-key probe). Partitioned and inherited tables are written
-    # joined on the id (a ``ctid`` is only unique within one heap).
+    # A plain table with no inheritance children: a row version is its ``ctid`` and ``xmin`` (the
+    # primary key makes its id unique). A partitioned table or a table with inheritance children
+    # (``by_ctid`` False) spans several heaps, and an inheritance child's ids may repeat its
+    # parent's: a row version is its table's ``tableoid`` too (a ``ctid`` is unique within one heap).
     by_ctid: bool = False
 
     @property
@@ -65,7 +66,15 @@ def relation_of(t: TargetSettings) -> sql.Identifier:
 
 # The system columns a run reads and compares where its scheme writes by row version
 # (compare-and-swap on the row version read: drain/guard_version.py reads them in this order).
-ROW_VERSION_COLUMNS = ("ctid", "xmin")
+# A plain table's row version is its ctid and xmin; ``tableoid`` names the heap of a row of a
+# partitioned or inherited table (``ROW_VERSION_COLUMNS`` minus ``PLAIN_TABLE_OMITS``).
+ROW_VERSION_COLUMNS = ("tableoid", "ctid", "xmin")
+PLAIN_TABLE_OMITS = ("tableoid",)
+
+
+def row_version_columns(by_ctid: bool) -> tuple[str, ...]:
+    """The system columns a row version is read as on a plain table (``by_ctid``) or a tree of tables."""
+    return tuple(c for c in ROW_VERSION_COLUMNS if not by_ctid or c not in PLAIN_TABLE_OMITS)
 
 
 def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
@@ -89,21 +98,27 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             raise TargetBlocked(t.name, f"table {t.table} does not exist")
         if writing and (in_recovery or read_only == "on"):
             raise TargetBlocked(t.name, "the database connection is read-only")
-        cols = {
-            str(name): Column(str(name), str(sql_type), str(type_name), char_len if isinstance(char_len, int) else None)
-            for name, sql_type, type_name, char_len in conn.execute(
+        cols: dict[str, Column] = {}
+        unwritable: dict[str, str] = {}  # column -> why no UPDATE may set it
+        for name, sql_type, type_name, char_len, generated, identity in conn.execute(
                 """
                 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
                        CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
-                            THEN a.atttypmod - 4 END
+                            THEN a.atttypmod - 4 END,
+                       a.attgenerated::text, a.attidentity::text
                   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
                 """,
                 (oid,),
-            ).fetchall()
-        }
-        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass FROM pg_class WHERE oid = %s",
-                            (oid,)).fetchone()
+        ).fetchall():
+            cols[str(name)] = Column(str(name), str(sql_type), str(type_name),
+                                     char_len if isinstance(char_len, int) else None)
+            if generated:
+                unwritable[str(name)] = "a generated column (GENERATED ALWAYS AS ... STORED)"
+            elif identity == "a":
+                unwritable[str(name)] = "an identity column (GENERATED ALWAYS AS IDENTITY)"
+        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass, relkind = 'r' AND relhassubclass"
+                            " FROM pg_class WHERE oid = %s", (oid,)).fetchone()
         pk_row = conn.execute(
             """
             SELECT array_agg(a.attname::text ORDER BY a.attnum)
@@ -146,14 +161,26 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
+    by_ctid, inherited = (bool(kind[0]), bool(kind[1])) if kind else (False, False)
+    if writing:
+        for name in written:
+            if name in unwritable:
+                raise TargetBlocked(t.name, f"column {name} of {t.table} is {unwritable[name]}: "
+                                            "no UPDATE may set it")
+        if inherited and not reads_versions:
+            # A compare-and-swap write finds a row by its id: an inheritance child's ids may repeat
+            # its parent's (the parent's primary key does not cover them), so a row could receive
+            # the value read from another.
+            raise TargetBlocked(t.name, f"{t.table} has inheritance children, whose ids the primary key does "
+                                        f"not cover; format {t.format} writes a row by its id")
     _check_privileges(conn, t, oid, written if writing else [],
-                      list(ROW_VERSION_COLUMNS) if writing and reads_versions else [])
+                      list(row_version_columns(by_ctid)) if writing and reads_versions else [])
     # The room a value needs after rewriting depends on the data and the current key:
     # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
     _check_row_security(conn, t, oid)
     disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
-                          disable_triggers=disable_triggers, by_ctid=bool(kind and kind[0]))
+                          disable_triggers=disable_triggers, by_ctid=by_ctid)
 
 
 def read_columns(t: TargetSettings) -> list[str]:

@@ -24,7 +24,7 @@ from psycopg import sql
 from ..db import describe_db_error, raw_connection
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
-from ..schemes.base import BatchPlan, Scheme
+from ..schemes.base import NOT_STORED, BatchPlan, FailedRow, Scheme
 from ..targets import writing_batch_begin
 from .guards import Guard
 from .options import DrainOptions, stop_reason
@@ -35,6 +35,7 @@ from .results import (
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
     BatchOutcome,
+    NotStored,
     Tally,
 )
 
@@ -147,9 +148,26 @@ class BatchPipeline:
 
     def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
         """The batch's writes and COMMIT in one transaction (writer thread); ROLLBACK on any error:
-        whole or nothing. Where the guard's first try may wait on a row (``row_wait``) and that
-        wait runs out, or a deadlock ends it, the batch is written again cautiously, never waiting
-        on a row."""
+        whole or nothing. A row whose stored value is not the one written (a trigger kept or
+        changed it) rolls the batch back; it is written again without that row, FAILED."""
+        while True:
+            try:
+                return self._write_tries(conn, plan, versions)
+            except NotStored as e:  # rolled back: each try leaves out at least one more row
+                self._leave_out(plan, e)
+
+    def _leave_out(self, plan: BatchPlan, e: NotStored) -> None:
+        """Take the rows ``e`` names out of ``plan``'s write, FAILED (``NOT_STORED``)."""
+        at = next(i for i, w in enumerate(plan.writes) if w is e.write)
+        plan.writes[at] = e.write.drop(e.positions)
+        columns = tuple(self.target.columns[j].name for j in e.write.columns)
+        plan.failed += [FailedRow(self.target.name, str(e.write.ids[p]), columns, NOT_STORED) for p in e.positions]
+        log_event("batch_write_retried", level=30, run_id=self.options.run_id or None, target=self.target.name,
+                  reason="the database stored another value than the one written", rows=len(e.positions))
+
+    def _write_tries(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
+        """Where the guard's first try may wait on a row (``row_wait``) and that wait runs out, or
+        a deadlock ends it, the batch is written again cautiously, never waiting on a row."""
         wait = self.guard.row_wait
         if wait is not None:
             wait = min(wait, self.options.lock_timeout)

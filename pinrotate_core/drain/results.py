@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DatabaseError
-from ..schemes.base import BatchPlan, FailedRow
+from ..schemes.base import BatchPlan, FailedRow, Write
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
@@ -90,6 +90,17 @@ def first_reason(reasons: Sequence[str | None]) -> str | None:
     order = [STOP_KEY_UNAVAILABLE, STOP_DB_ERROR, STOP_THROTTLE_CRITICAL, STOP_CANCELLED, STOP_DEADLINE]
     present = [r for r in reasons if r]
     return min(present, key=order.index) if present else None
+
+
+class NotStored(Exception):
+    """A write whose RETURNING showed rows holding something other than the values written (a
+    BEFORE UPDATE trigger kept or changed them): the batch is rolled back and written again without
+    them, each FAILED (``NOT_STORED``). ``positions``: indexes into ``write.ids``."""
+
+    def __init__(self, write: Write, positions: Sequence[int]) -> None:
+        super().__init__(f"{len(positions)} row(s) did not store the value written")
+        self.write = write
+        self.positions = list(positions)
 
 
 @dataclass
