@@ -8,6 +8,7 @@ fire (unless the target's ``triggers`` setting says otherwise). It never runs DD
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -320,15 +321,18 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     return True
 
 
-def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None) -> sql.Composed:
+def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None,
+                        settings: Sequence[sql.Composable] = ()) -> sql.Composed:
     """The BEGIN of every transaction that writes a batch of ``target``, with its ``SET LOCAL``s,
     as one statement string (one round trip; no parameters, so several statements may be sent).
 
-    ``lock_wait``: this transaction's lock_timeout in seconds (None: the session's).
+    ``settings``: the drain's own ``SET LOCAL``s (nothing pinrotate sets outlives its transaction:
+    behind a transaction pooler the server connection is the application's next).
+    ``lock_wait``: this transaction's lock_timeout in seconds (None: as ``settings`` say).
     ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
     (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
     """
-    parts: list[sql.Composable] = [sql.SQL("BEGIN")]
+    parts: list[sql.Composable] = [sql.SQL("BEGIN"), *settings]
     if lock_wait is not None:
         parts.append(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{max(1, int(lock_wait * 1000))}ms")))
     if target.disable_triggers:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the operations tools the metrics and alert tests run against, when they are missing:
 # Debian's prometheus-pushgateway (/usr/bin/prometheus-pushgateway) and prometheus (/usr/bin/promtool),
-# and chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page.
-# Idempotent and quiet: does nothing when all three binaries are already on PATH. Needs root (or sudo)
+# chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page, and
+# pgbouncer (/usr/sbin/pgbouncer) for the drain's test behind a transaction pooler.
+# Idempotent and quiet: does nothing when all four binaries are already installed. Needs root (or sudo)
 # on Debian/Ubuntu; never starts a service (the tests start their own Pushgateway on loopback).
 set -euo pipefail
 
@@ -10,6 +11,8 @@ missing=()
 command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+# /usr/sbin is not on every user's PATH: the binary is looked for where Debian puts it too.
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi
@@ -61,3 +64,7 @@ for tool in prometheus-pushgateway promtool chromium; do
         exit 1
     fi
 done
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "ensure-ops-tools: pgbouncer still missing after apt-get install" >&2
+    exit 1
+fi

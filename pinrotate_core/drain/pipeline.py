@@ -98,6 +98,9 @@ class BatchPipeline:
         self.options = options
         self.tally = tally
         self.stopped = threading.Event()  # one worker's fail-closed stop stops its siblings
+        self._settings = transaction_settings(options)
+        self._read_begin = sql.SQL("; ").join([
+            sql.SQL("BEGIN READ ONLY" if options.dry_run else "BEGIN"), *self._settings])
 
     def guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
         """One pass (see ``_pass``); an error that stops the target is a stop reason, recorded once."""
@@ -143,8 +146,16 @@ class BatchPipeline:
         if halt.is_set() or self._should_stop():
             return None
         read = time.perf_counter()
-        # Autocommit, no row lock: the session's statement_timeout bounds it (prepare_session).
-        return _Fetched(self.guard.read(conn, lo, hi, size), size, read)
+        # No row lock; its own short transaction, whose SET LOCALs bound it (transaction_settings).
+        conn.execute(self._read_begin)
+        try:
+            rows = self.guard.read(conn, lo, hi, size)
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return _Fetched(rows, size, read)
 
     def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
         """The batch's writes and COMMIT in one transaction (writer thread); ROLLBACK on any error:
@@ -184,7 +195,7 @@ class BatchPipeline:
         and the guard's cautious write), the writes, COMMIT."""
         outcome = BatchOutcome()
         try:
-            conn.execute(writing_batch_begin(self.target, wait))  # one round trip
+            conn.execute(writing_batch_begin(self.target, wait, self._settings))  # one round trip
             for write in plan.writes:
                 if write.ids:
                     self.guard.write(conn, write, outcome, versions, wait is None and self.guard.row_wait is not None)
@@ -246,8 +257,6 @@ class BatchPipeline:
         halt = _AnyEvent(opts.stop, halt_pass, self.stopped)
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
-            for c in conns:
-                prepare_session(c, opts)
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
@@ -310,27 +319,28 @@ class BatchPipeline:
         return reason
 
 
-def prepare_session(conn: psycopg.Connection[Any], options: DrainOptions) -> None:
-    """Session settings of a drain connection (reset when it goes back to the pool)."""
-    conn.execute("SET application_name = 'pinrotate'")
+def transaction_settings(options: DrainOptions) -> list[sql.Composable]:
+    """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes), never session
+    settings: behind a transaction pooler (PgBouncer ``pool_mode = transaction``) a server
+    connection goes to the application's next transaction, and nothing pinrotate sets may reach it.
+    """
     # Never wait long for a lock an application holds, never run away, and never hold rows for
-    # ever: the server ends a write transaction left idle longer than idle_timeout (a frozen
-    # process), which rolls it back. Set once a session, not in every batch.
-    for name, seconds in (("lock_timeout", options.lock_timeout),
-                          ("statement_timeout", options.statement_timeout),
-                          ("idle_in_transaction_session_timeout", options.idle_timeout)):
-        conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(f"{int(seconds * 1000)}ms")))
+    # ever: the server ends a transaction left idle longer than idle_timeout (a frozen process),
+    # which rolls it back.
+    out: list[sql.Composable] = [
+        sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(f"{max(1, int(seconds * 1000))}ms"))
+        for name, seconds in (("lock_timeout", options.lock_timeout),
+                              ("statement_timeout", options.statement_timeout),
+                              ("idle_in_transaction_session_timeout", options.idle_timeout))]
     # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
     # the batch against a sequential scan of the whole table.
-    conn.execute("SET enable_hashjoin = off")
-    conn.execute("SET enable_mergejoin = off")
-    if options.dry_run:
-        conn.execute("SET default_transaction_read_only = on")
-    else:
+    out += [sql.SQL("SET LOCAL enable_hashjoin = off"), sql.SQL("SET LOCAL enable_mergejoin = off")]
+    if not options.dry_run:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the
         # keyring: the next run takes them again. So batches need not wait for each WAL flush;
         # the drain ends with durability.force_flush() before it reports.
-        conn.execute("SET synchronous_commit = off")
+        out.append(sql.SQL("SET LOCAL synchronous_commit = off"))
+    return out
 
 
 def _feeds_sizer(throttle: Throttle, rows: int, started: float) -> Callable[[Future[BatchOutcome]], None]:
