@@ -52,6 +52,10 @@ class ResolvedTarget:
     # (``by_ctid`` False) spans several heaps, and an inheritance child's ids may repeat its
     # parent's: a row version is its table's ``tableoid`` too (a ``ctid`` is unique within one heap).
     by_ctid: bool = False
+    # A written column (cipher or key version) is in a unique index (of the table or of one of its
+    # children): an UPDATE of it is a key update, which conflicts with a foreign key's FOR KEY
+    # SHARE lock, so a write that must not wait locks its rows FOR UPDATE, not FOR NO KEY UPDATE.
+    key_update: bool = False
 
     @property
     def name(self) -> str:
@@ -181,7 +185,8 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     _check_row_security(conn, t, oid)
     disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
-                          disable_triggers=disable_triggers, by_ctid=by_ctid)
+                          disable_triggers=disable_triggers, by_ctid=by_ctid,
+                          key_update=writing and _in_unique_index(conn, t, oid, written))
 
 
 def read_columns(t: TargetSettings) -> list[str]:
@@ -321,6 +326,36 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     return True
 
 
+def _in_unique_index(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
+                     written: list[str]) -> bool:
+    """Is a column of ``written`` in a unique index of the table or of one of its partitions or
+    inheritance children (PostgreSQL then takes a key update's FOR UPDATE lock for the row)?"""
+    try:
+        row = conn.execute(
+            """
+            WITH RECURSIVE rels(oid) AS (
+                SELECT %s::oid
+                UNION
+                SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.oid
+            )
+            SELECT EXISTS (
+                SELECT 1 FROM pg_index x JOIN rels ON x.indrelid = rels.oid
+                 WHERE x.indisunique
+                   AND x.indkey::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
+                                                  WHERE a.attrelid = x.indrelid AND a.attname = ANY(%s)))
+            """,
+            (oid, written),
+        ).fetchone()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
+    return bool(row and row[0])
+
+
+def row_lock(target: ResolvedTarget) -> sql.SQL:
+    """The row lock a write that must never wait takes (with SKIP LOCKED) before it writes."""
+    return sql.SQL("FOR UPDATE" if target.key_update else "FOR NO KEY UPDATE")
+
+
 def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None,
                         settings: Sequence[sql.Composable] = ()) -> sql.Composed:
     """The BEGIN of every transaction that writes a batch of ``target``, with its ``SET LOCAL``s,
@@ -332,7 +367,10 @@ def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None,
     ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
     (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
     """
-    parts: list[sql.Composable] = [sql.SQL("BEGIN"), *settings]
+    # READ COMMITTED whatever the database's default_transaction_isolation: the row-version and
+    # compare-and-swap guards rely on its re-check of a row an application committed meanwhile
+    # (under REPEATABLE READ that is a serialization failure).
+    parts: list[sql.Composable] = [sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED"), *settings]
     if lock_wait is not None:
         parts.append(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{max(1, int(lock_wait * 1000))}ms")))
     if target.disable_triggers:

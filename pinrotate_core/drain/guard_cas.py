@@ -16,7 +16,7 @@ from psycopg import sql
 
 from ..conflicts import NO_TENANT, StateError, record_conflicts
 from ..schemes.base import Scheme, Write
-from ..targets import Column
+from ..targets import Column, row_lock
 from .counting import BacklogCounter
 from .guards import Sweep, stored_as_sent
 from .options import DrainOptions
@@ -87,7 +87,7 @@ class CasGuard:
         statement = sql.SQL(
             "WITH pinrotate_locked AS MATERIALIZED ("
             "SELECT u.* FROM unnest({arrays}) AS u(pinrotate_id, {names}) JOIN {rel} AS t "
-            "ON t.{id} = u.pinrotate_id FOR NO KEY UPDATE OF t SKIP LOCKED), "
+            "ON t.{id} = u.pinrotate_id {lock} OF t SKIP LOCKED), "
             "pinrotate_moved AS (UPDATE {rel} AS t SET {sets} FROM pinrotate_locked AS u "
             "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} "
             "RETURNING t.{id} AS pinrotate_id, {stored} AS pinrotate_stored) "
@@ -95,7 +95,7 @@ class CasGuard:
             "UNION ALL SELECT false, pinrotate_id, true FROM pinrotate_locked"
         ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
                  names=sql.SQL(", ").join(names), id=self.selection.id, same=sql.SQL(" AND ").join(same),
-                 scope=self.selection.scope_t, stored=sql.SQL(" AND ").join(stored))
+                 scope=self.selection.scope_t, stored=sql.SQL(" AND ").join(stored), lock=row_lock(self.target))
         self._statements[write.columns] = statement
         return statement
 

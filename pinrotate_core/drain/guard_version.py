@@ -35,7 +35,7 @@ from psycopg.types.string import ByteaBinaryLoader
 from ..db import raw_connection
 from ..errors import DatabaseError
 from ..schemes.base import Scheme, Write
-from ..targets import Column, row_version_columns
+from ..targets import Column, row_lock, row_version_columns
 from .counting import BacklogCounter
 from .guards import Sweep, stored_as_sent
 from .options import DrainOptions
@@ -170,8 +170,8 @@ class VersionGuard:
         # application holds locked is skipped, never waited on.
         self._lock = sql.SQL(
             "SELECT u.pinrotate_n FROM unnest({arrays}) WITH ORDINALITY AS u({keys}, pinrotate_n) "
-            "JOIN {rel} AS t ON {match} FOR NO KEY UPDATE OF t SKIP LOCKED"
-        ).format(arrays=sql.SQL(", ").join(self._arrays[:-2 if self.tree else -1]),
+            "JOIN {rel} AS t ON {match} {lock} OF t SKIP LOCKED"
+        ).format(lock=row_lock(self.target), arrays=sql.SQL(", ").join(self._arrays[:-2 if self.tree else -1]),
                  keys=sql.SQL(", ").join(self._keys[:-2 if self.tree else -1]), rel=self.target.relation,
                  match=self._where_row)
 

@@ -100,7 +100,8 @@ class BatchPipeline:
         self.stopped = threading.Event()  # one worker's fail-closed stop stops its siblings
         self._settings = transaction_settings(options)
         self._read_begin = sql.SQL("; ").join([
-            sql.SQL("BEGIN READ ONLY" if options.dry_run else "BEGIN"), *self._settings])
+            sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED" + (" READ ONLY" if options.dry_run else "")),
+            *self._settings])
 
     def guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
         """One pass (see ``_pass``); an error that stops the target is a stop reason, recorded once."""
@@ -178,16 +179,29 @@ class BatchPipeline:
 
     def _write_tries(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
         """Where the guard's first try may wait on a row (``row_wait``) and that wait runs out, or
-        a deadlock ends it, the batch is written again cautiously, never waiting on a row."""
+        a deadlock ends it, the batch is written again cautiously, never waiting on a row. A
+        serialization failure (an application's commit moved a row while the write waited for it:
+        a partition-key change) is the application winning a race: the batch is written again,
+        once more at most, and the new snapshot no longer sees the row the application moved."""
         wait = self.guard.row_wait
         if wait is not None:
             wait = min(wait, self.options.lock_timeout)
             try:
                 return self._write_once(conn, plan, versions, wait)
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
-                log_event("batch_write_retried", level=20, run_id=self.options.run_id or None,
-                          target=self.target.name, reason="a lock was held by someone else")
-        return self._write_once(conn, plan, versions, None)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
+                    psycopg.errors.SerializationFailure) as e:
+                self._retried(e)
+        try:
+            return self._write_once(conn, plan, versions, None)
+        except psycopg.errors.SerializationFailure as e:
+            self._retried(e)
+            return self._write_once(conn, plan, versions, None)
+
+    def _retried(self, e: psycopg.Error) -> None:
+        reason = ("an application's commit moved a row the write waited for"
+                  if isinstance(e, psycopg.errors.SerializationFailure) else "a lock was held by someone else")
+        log_event("batch_write_retried", level=20, run_id=self.options.run_id or None, target=self.target.name,
+                  reason=reason)
 
     def _write_once(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any,
                     wait: float | None) -> BatchOutcome:
