@@ -3,11 +3,14 @@ PostgreSQL. With ``triggers = "fire"``, a BEFORE UPDATE trigger that keeps a fie
 "immutable field" rule) makes some rows store something other than the new ciphertext: each such
 row is rolled back within its batch and left as it was, whole (its key version still names the key
 of its value), FAILED; the batch's other rows stand, and no gate opens, the run's included. A
-generated cipher column is BLOCKED at the start. Keys are random TEST keys made here.
+generated cipher column is BLOCKED at the start. A batch whose COMMIT outcome is unknown (the
+connection lost during COMMIT) is reported as such, never as rolled back, and the backlog recounted. Keys are random TEST keys made here.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +99,39 @@ def test_a_generated_cipher_or_key_version_column_is_blocked_at_the_start(
             rotation.resolve_all(ctx)
     finally:
         ctx.close()
+
+
+def test_a_connection_lost_during_commit_is_reported_as_unknown_not_rolled_back_and_the_backlog_recounted(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    # A deferred constraint trigger runs at COMMIT: for the batch holding row 100 it sleeps there,
+    # and the drain's backend is terminated in the middle of its COMMIT.
+    people_on_key_1(pg_conn, keys_file)
+    pg_conn.execute("""
+        CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$""")
+    pg_conn.execute("CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON people DEFERRABLE INITIALLY DEFERRED"
+                    " FOR EACH ROW WHEN (NEW.id = 100) EXECUTE FUNCTION slow_commit()")
+    errors: list[BaseException] = []
+
+    def terminate_the_commit() -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                deadline = time.monotonic() + 60
+                while not admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                        " WHERE application_name = 'pinrotate' AND wait_event = 'PgSleep'").fetchall():
+                    assert time.monotonic() < deadline, "the drain's COMMIT never reached the trigger"
+                    time.sleep(0.02)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+
+    killer = threading.Thread(target=terminate_the_commit, daemon=True)
+    killer.start()
+    report = rotation.run_rotation(settings(database_url, keys_file))
+    killer.join(60)
+    assert not errors, errors
+    result = report.targets["People"]
+    assert result.stopped == "db_error" and report.exit_code == 4
+    assert result.error and "outcome of a batch's COMMIT is unknown" in result.error and "rolled back" not in result.error
+    assert any("COMMIT outcome is unknown" in note for note in result.notes)
+    stale = pg_conn.execute("SELECT count(*) FROM people WHERE key_version <> 2").fetchone()
+    assert stale is not None and result.backlog_remaining == stale[0] > 0

@@ -35,6 +35,7 @@ from .results import (
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
     BatchOutcome,
+    CommitUnknown,
     NotStored,
     Tally,
 )
@@ -213,7 +214,14 @@ class BatchPipeline:
             for write in plan.writes:
                 if write.ids:
                     self.guard.write(conn, write, outcome, versions, wait is None and self.guard.row_wait is not None)
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except psycopg.Error as e:
+                if not (conn.closed or conn.broken):
+                    raise  # the server answered: rolled back
+                with self.tally.lock:
+                    self.tally.commit_unknown += plan.planned
+                raise CommitUnknown(self.target.name, plan.planned, describe_db_error(e)) from None
             outcome.committed = time.perf_counter()
         except BaseException:
             with contextlib.suppress(psycopg.Error):
