@@ -24,6 +24,9 @@ from pinrotate_core.keyring import Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.base import NOT_STORED
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
+
+from .test_fpc1_migration import DC, Forge, decrypt, forge_settings, write_keys
 
 ROWS = 200
 KEPT = 25  # every 25th row's trigger keeps its old value: 8 rows
@@ -135,3 +138,31 @@ def test_a_connection_lost_during_commit_is_reported_as_unknown_not_rolled_back_
     assert any("COMMIT outcome is unknown" in note for note in result.notes)
     stale = pg_conn.execute("SELECT count(*) FROM people WHERE key_version <> 2").fetchone()
     assert stale is not None and result.backlog_remaining == stale[0] > 0
+
+
+def test_fpc1_a_trigger_keeping_the_old_value_fails_that_row_and_the_others_move(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    # The compare-and-swap guard (fpc1) reads back what was stored the same way.
+    forge = Forge(pg_conn)
+    write_keys(keys_file)
+    before = forge.password(2)
+    pg_conn.execute("""
+        CREATE FUNCTION keep_password() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.id = 2 THEN NEW.password := OLD.password; END IF;
+            RETURN NEW;
+        END $$""")
+    pg_conn.execute("CREATE TRIGGER password_is_immutable BEFORE UPDATE ON data_connections"
+                    " FOR EACH ROW EXECUTE FUNCTION keep_password()")
+    settings = forge_settings(database_url, keys_file)
+    settings = settings.model_copy(update={"targets": [
+        t.model_copy(update={"triggers": "fire"}) if t.name == DC else t for t in settings.targets]})
+    report = rotation.run_rotation(settings, target_names=[DC], expected_key="k2")
+    result = report.targets[DC]
+    assert [(f.id, f.reason) for f in result.failed] == [("2", NOT_STORED)]
+    assert forge.password(2) == before  # left as it was, on k1
+    for row_id in (1, 4, 7):  # legacy and k1 values moved, each with its own plaintext
+        value = forge.password(row_id)
+        assert value is not None and decrypt(value) == forge.plain[("dc", row_id, "password")]
+        assert parse_fpc1(value).key_id == "k2"
+    assert report.exit_code == 4 and not any(v.get("open") for v in report.gate.values())
