@@ -49,6 +49,10 @@ class CasGuard:
         query, params = self.selection.next_batch(lo, hi, size)
         return conn.cursor(binary=True).execute(query, params).fetchall()
 
+    @staticmethod
+    def after(row: tuple[Any, ...]) -> Any:
+        return row[0]  # ids are unique: an inheritance tree is BLOCKED for this guard
+
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         return rows, None  # the values read are the versions compared: the write carries them
 

@@ -40,7 +40,7 @@ from .counting import BacklogCounter
 from .guards import Sweep, stored_as_sent
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, NotStored, Tally
-from .selection import Selection
+from .selection import Position, Selection
 
 # Seconds the first try of a write waits for a row an application holds locked, before the batch
 # is written again skipping such rows. The rows already written by that statement stay locked
@@ -66,6 +66,31 @@ class Xids(list[bytes]):
 
 class Oids(list[bytes]):
     """``oid`` values (a row's ``tableoid``, its table's file) as PostgreSQL sends them in binary (4 bytes each)."""
+
+
+class Oid(bytes):
+    """One ``oid`` as PostgreSQL sends it in binary (4 bytes), to be sent back."""
+
+
+class Tid(bytes):
+    """One ``tid`` as PostgreSQL sends it in binary (6 bytes), to be sent back."""
+
+
+class _AsSentDumper(Dumper):
+    """A value sent back in binary exactly as PostgreSQL sent it."""
+
+    format = Format.BINARY
+
+    def dump(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+
+class _OidDumper(_AsSentDumper):
+    oid = postgres.types["oid"].oid
+
+
+class _TidDumper(_AsSentDumper):
+    oid = postgres.types["tid"].oid
 
 
 class _PackedArrayDumper(Dumper):
@@ -119,6 +144,8 @@ def version_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     cur.adapters.register_dumper(Tids, _TidsDumper)
     cur.adapters.register_dumper(Xids, _XidsDumper)
     cur.adapters.register_dumper(Oids, _OidsDumper)
+    cur.adapters.register_dumper(Oid, _OidDumper)
+    cur.adapters.register_dumper(Tid, _TidDumper)
     return cur
 
 
@@ -139,6 +166,9 @@ class VersionGuard:
         if self.tree and names:
             self._extra.append(sql.SQL("pg_relation_filenode(tableoid)"))
         self._versions = len(self._extra)
+        # Rows of one id, on a tree of tables, in the order of their table and place in it.
+        self._then_by: list[sql.Composable] = (
+            [sql.Identifier("tableoid"), sql.Identifier("ctid")] if self.tree and names else [])
         self._statements: dict[tuple[int, ...], sql.Composed] = {}
         id_type = sql.Identifier(self.target.id_column.type_name)
         # What the write sends per row: its id, then its row version, as arrays of the same length.
@@ -176,8 +206,15 @@ class VersionGuard:
                  match=self._where_row)
 
     def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        query, params = self.selection.next_batch(lo, hi, size, extra=self._extra)
+        query, params = self.selection.next_batch(lo, hi, size, extra=self._extra, then_by=self._then_by)
         return version_cursor(conn).execute(query, params).fetchall()
+
+    def after(self, row: tuple[Any, ...]) -> Any:
+        """On a tree of tables ids repeat: a pass goes on after the last row's (id, tableoid, ctid),
+        so that no row of an id the batch ended on is passed over."""
+        if not self._then_by:
+            return row[0]
+        return Position(row[0], (Oid(row[-4]), Tid(row[-3])), ("oid", "tid"))
 
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         """(the rows as the scheme reads them, their ids and versions in the same order)."""

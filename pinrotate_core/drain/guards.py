@@ -51,7 +51,11 @@ class Guard(Protocol):
     row_wait: float | None
 
     def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        """The next batch after ``lo`` (up to ``hi``), read in autocommit without row locks."""
+        """The next batch after ``lo`` (an id, or what ``after`` returned; up to the id ``hi``),
+        read in the open read transaction without row locks."""
+
+    def after(self, row: tuple[Any, ...]) -> Any:
+        """Where the next batch begins: after ``row``, the last one read (as ``read`` returned it)."""
 
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         """(the rows as the scheme plans them, what the guard keeps of them for the write)."""

@@ -304,7 +304,7 @@ class BatchPipeline:
                         break  # this batch was only read: nothing to undo
                     if len(rows) == fetched.size:  # more to come: read the next batch while this one is worked
                         next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
-                                                   conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
+                                                   conns[(k + 1) % len(conns)], self.guard.after(rows[-1]), hi, False, halt)
                     if only is not None:
                         rows = [r for r in rows if r[0] in only]
                     rows, versions = self.guard.received(rows)
