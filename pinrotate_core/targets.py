@@ -56,6 +56,8 @@ class ResolvedTarget:
     # children): an UPDATE of it is a key update, which conflicts with a foreign key's FOR KEY
     # SHARE lock, so a write that must not wait locks its rows FOR UPDATE, not FOR NO KEY UPDATE.
     key_update: bool = False
+    # A table with inheritance children (not a partitioned table): its ids may repeat across the tree.
+    inherited: bool = False
 
     @property
     def name(self) -> str:
@@ -185,7 +187,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     _check_row_security(conn, t, oid)
     disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
-                          disable_triggers=disable_triggers, by_ctid=by_ctid,
+                          disable_triggers=disable_triggers, by_ctid=by_ctid, inherited=inherited,
                           key_update=writing and _in_unique_index(conn, t, oid, written))
 
 

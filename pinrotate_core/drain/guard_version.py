@@ -166,9 +166,10 @@ class VersionGuard:
         if self.tree and names:
             self._extra.append(sql.SQL("pg_relation_filenode(tableoid)"))
         self._versions = len(self._extra)
-        # Rows of one id, on a tree of tables, in the order of their table and place in it.
+        # Rows of one id (an inheritance tree's ids repeat; a partitioned table's primary key
+        # covers every partition), in the order of their table and place in it.
         self._then_by: list[sql.Composable] = (
-            [sql.Identifier("tableoid"), sql.Identifier("ctid")] if self.tree and names else [])
+            [sql.Identifier("tableoid"), sql.Identifier("ctid")] if self.target.inherited and names else [])
         self._statements: dict[tuple[int, ...], sql.Composed] = {}
         id_type = sql.Identifier(self.target.id_column.type_name)
         # What the write sends per row: its id, then its row version, as arrays of the same length.
