@@ -88,17 +88,19 @@ def test_a_trigger_keeping_the_old_value_fails_its_rows_the_others_stand_and_no_
     assert report.gate and not any(v.get("open") for v in report.gate.values()), report.gate
 
 
-@pytest.mark.parametrize("column", ["name_cipher", "key_version"])
-def test_a_generated_cipher_or_key_version_column_is_blocked_at_the_start(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, column: str) -> None:
+@pytest.mark.parametrize(("column", "kind"), [("name_cipher", "generated"), ("key_version", "generated"),
+                                              ("key_version", "identity")])
+def test_a_generated_or_identity_always_cipher_or_key_version_column_is_blocked_at_the_start(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, column: str, kind: str) -> None:
     FileKeyProvider(keys_file, create=True).load_keyring()
-    kv = "integer GENERATED ALWAYS AS (1) STORED" if column == "key_version" else "integer NOT NULL"
+    kv = {"generated": "integer GENERATED ALWAYS AS (1) STORED",
+          "identity": "integer GENERATED ALWAYS AS IDENTITY"}[kind] if column == "key_version" else "integer NOT NULL"
     name = "bytea GENERATED ALWAYS AS (decode('00', 'hex')) STORED" if column == "name_cipher" else "bytea"
     pg_conn.execute(f"CREATE TABLE people_generated (id bigint PRIMARY KEY, key_version {kv}, name_cipher {name})")
     ctx = rotation.open_run(settings(database_url, keys_file, "people_generated"), target_names=["People"])
     try:
         rotation.read_current_key(ctx)
-        with pytest.raises(ConfigError, match=f"column {column} of people_generated is a generated column"):
+        with pytest.raises(ConfigError, match=f"column {column} of people_generated is an? {kind} column"):
             rotation.resolve_all(ctx)
     finally:
         ctx.close()
