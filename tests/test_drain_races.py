@@ -16,9 +16,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from pinrotate_core import rotation
 from pinrotate_core.drain.guard_version import VersionGuard
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 
 from .test_drain_versions import ROWS, drain, names, people_on_key_1, settings
+from .test_fpc1_migration import DC, Forge, decrypt, forge_settings, write_keys
 
 
 def commit_once_the_drain_waits(database_url: str, app: psycopg.Connection[Any], errors: list[BaseException]) -> None:
@@ -96,3 +99,30 @@ def test_a_foreign_keys_key_share_lock_on_a_row_with_a_unique_cipher_column_skip
     after = names(pg_conn, keyring)
     assert after[5] == (1, "TEST name 5", None)
     assert all(after[i] == (2, f"TEST name {i}", None) for i in after if i != 5)
+
+
+def test_fpc1_a_foreign_keys_key_share_lock_on_a_row_with_a_unique_cipher_column_skips_that_row(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    # The compare-and-swap guard locks its rows itself, never waiting: FOR UPDATE SKIP LOCKED
+    # where its UPDATE is a key update, so the application's FOR KEY SHARE skips the row.
+    forge = Forge(pg_conn)
+    write_keys(keys_file)
+    pg_conn.execute("CREATE UNIQUE INDEX data_connections_password_once ON data_connections (password)")
+    pg_conn.execute("CREATE TABLE connection_uses (id bigint PRIMARY KEY,"
+                    " connection_id bigint NOT NULL REFERENCES data_connections)")
+    before = forge.password(4)
+    app = psycopg.connect(database_url, autocommit=True, application_name="app")
+    try:
+        app.execute("BEGIN")  # a use of connection 4 being recorded: FOR KEY SHARE on it until it commits
+        app.execute("INSERT INTO connection_uses VALUES (1, 4)")
+        report = rotation.run_rotation(forge_settings(database_url, keys_file), target_names=[DC], expected_key="k2")
+        app.execute("COMMIT")
+    finally:
+        app.close()
+    result = report.targets[DC]
+    assert result.stopped is None and result.error is None, result.error
+    assert forge.password(4) == before and result.backlog_remaining == 1 and result.conflicts == 0
+    for row_id in (1, 2, 7):
+        value = forge.password(row_id)
+        assert value is not None and parse_fpc1(value).key_id == "k2"
+        assert decrypt(value) == forge.plain[("dc", row_id, "password")]
