@@ -71,7 +71,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
         # raw_connection() rolls back and resets itself; the pool's own reset on a connection that
         # died in an outage would only log a traceback.
         pool_reset_on_return=None,
-        connect_args={"application_name": "pinrotate"},
+        # No server-side prepared statements: behind a transaction pooler (PgBouncer) the next
+        # statement may reach a server connection that never saw the PREPARE.
+        connect_args={"application_name": "pinrotate", "prepare_threshold": None},
     )
     where = engine.url
 
@@ -119,15 +121,28 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[tuple[objec
         try:
             yield conn
         finally:
-            # A broken connection is invalidated by the pool; a live one goes back clean.
+            # A broken connection is invalidated by the pool; a live one goes back clean. Nothing
+            # is set per session (every setting is a SET LOCAL), so there is nothing to RESET: a
+            # RESET ALL behind a transaction pooler would reach a server connection that is not ours.
             with contextlib.suppress(psycopg.Error):
                 if not conn.closed:
                     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                         conn.rollback()
-                    conn.execute("RESET ALL")
                     conn.autocommit = False
     finally:
         proxied.close()
+
+
+@contextlib.contextmanager
+def read_only_when(conn: psycopg.Connection[Any], read_only: bool) -> Iterator[None]:
+    """A dry run's reads in one READ ONLY transaction (the transaction's setting, never the
+    session's: behind a transaction pooler a session setting would reach the application)."""
+    if not read_only:
+        yield
+        return
+    with conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        yield
 
 
 def describe_db_error(exc: BaseException | None) -> str:

@@ -29,7 +29,7 @@ from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
-from .schemes.base import DECRYPT_FAILED, LegacyMigration, Scheme
+from .schemes.base import DECRYPT_FAILED, NOT_STORED, LegacyMigration, Scheme
 from .schemes.registry import build_scheme, check_keyring, reads_row_versions, scheme_class, write_guard
 from .scope import check_tenant_scope
 from .targets import resolve_target
@@ -325,7 +325,8 @@ def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[
 def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """The run asks the gate (it computes no verdict of its own): one entry per older key."""
     assert ctx.keyring is not None
-    failed = {name: sum(1 for f in r.failed if f.reason == DECRYPT_FAILED) for name, r in results.items()}
+    # A row that does not decrypt, or that did not store the value written (left on its old key).
+    failed = {name: sum(1 for f in r.failed if f.reason in (DECRYPT_FAILED, NOT_STORED)) for name, r in results.items()}
     conflicts = {name: r.conflicts for name, r in results.items()}
     return run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets, tenant=ctx.tenant,
                     failed=failed, conflicts=conflicts, run_id=ctx.run_id)

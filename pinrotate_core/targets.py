@@ -8,6 +8,7 @@ fire (unless the target's ``triggers`` setting says otherwise). It never runs DD
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -46,10 +47,17 @@ class ResolvedTarget:
     # triggers = "disable": every writing batch runs SET LOCAL session_replication_role = replica
     # (see ``writing_batch_begin``); checked at resolve time that the role may set it.
     disable_triggers: bool = False
-    # A plain table with no inheritance children: a row version is found again by its ``ctid``
-    # (one heap fetch, no second primary-key probe). Partitioned and inherited tables are written
-    # joined on the id (a ``ctid`` is only unique within one heap).
+    # A plain table with no inheritance children: a row version is its ``ctid`` and ``xmin`` (the
+    # primary key makes its id unique). A partitioned table or a table with inheritance children
+    # (``by_ctid`` False) spans several heaps, and an inheritance child's ids may repeat its
+    # parent's: a row version is its table's ``tableoid`` too (a ``ctid`` is unique within one heap).
     by_ctid: bool = False
+    # A written column (cipher or key version) is in a unique index (of the table or of one of its
+    # children): an UPDATE of it is a key update, which conflicts with a foreign key's FOR KEY
+    # SHARE lock, so a write that must not wait locks its rows FOR UPDATE, not FOR NO KEY UPDATE.
+    key_update: bool = False
+    # A table with inheritance children (not a partitioned table): its ids may repeat across the tree.
+    inherited: bool = False
 
     @property
     def name(self) -> str:
@@ -65,7 +73,15 @@ def relation_of(t: TargetSettings) -> sql.Identifier:
 
 # The system columns a run reads and compares where its scheme writes by row version
 # (compare-and-swap on the row version read: drain/guard_version.py reads them in this order).
-ROW_VERSION_COLUMNS = ("ctid", "xmin")
+# A plain table's row version is its ctid and xmin; ``tableoid`` names the heap of a row of a
+# partitioned or inherited table (``ROW_VERSION_COLUMNS`` minus ``PLAIN_TABLE_OMITS``).
+ROW_VERSION_COLUMNS = ("tableoid", "ctid", "xmin")
+PLAIN_TABLE_OMITS = ("tableoid",)
+
+
+def row_version_columns(by_ctid: bool) -> tuple[str, ...]:
+    """The system columns a row version is read as on a plain table (``by_ctid``) or a tree of tables."""
+    return tuple(c for c in ROW_VERSION_COLUMNS if not by_ctid or c not in PLAIN_TABLE_OMITS)
 
 
 def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
@@ -89,21 +105,27 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
             raise TargetBlocked(t.name, f"table {t.table} does not exist")
         if writing and (in_recovery or read_only == "on"):
             raise TargetBlocked(t.name, "the database connection is read-only")
-        cols = {
-            str(name): Column(str(name), str(sql_type), str(type_name), char_len if isinstance(char_len, int) else None)
-            for name, sql_type, type_name, char_len in conn.execute(
+        cols: dict[str, Column] = {}
+        unwritable: dict[str, str] = {}  # column -> why no UPDATE may set it
+        for name, sql_type, type_name, char_len, generated, identity in conn.execute(
                 """
                 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
                        CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
-                            THEN a.atttypmod - 4 END
+                            THEN a.atttypmod - 4 END,
+                       a.attgenerated::text, a.attidentity::text
                   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
                 """,
                 (oid,),
-            ).fetchall()
-        }
-        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass FROM pg_class WHERE oid = %s",
-                            (oid,)).fetchone()
+        ).fetchall():
+            cols[str(name)] = Column(str(name), str(sql_type), str(type_name),
+                                     char_len if isinstance(char_len, int) else None)
+            if generated:
+                unwritable[str(name)] = "a generated column (GENERATED ALWAYS AS ... STORED)"
+            elif identity == "a":
+                unwritable[str(name)] = "an identity column (GENERATED ALWAYS AS IDENTITY)"
+        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass, relkind = 'r' AND relhassubclass"
+                            " FROM pg_class WHERE oid = %s", (oid,)).fetchone()
         pk_row = conn.execute(
             """
             SELECT array_agg(a.attname::text ORDER BY a.attnum)
@@ -146,14 +168,27 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     if t.soft_delete:
         need(t.soft_delete, "soft_delete")
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
+    by_ctid, inherited = (bool(kind[0]), bool(kind[1])) if kind else (False, False)
+    if writing:
+        for name in written:
+            if name in unwritable:
+                raise TargetBlocked(t.name, f"column {name} of {t.table} is {unwritable[name]}: "
+                                            "no UPDATE may set it")
+        if inherited and not reads_versions:
+            # A compare-and-swap write finds a row by its id: an inheritance child's ids may repeat
+            # its parent's (the parent's primary key does not cover them), so a row could receive
+            # the value read from another.
+            raise TargetBlocked(t.name, f"{t.table} has inheritance children, whose ids the primary key does "
+                                        f"not cover; format {t.format} writes a row by its id")
     _check_privileges(conn, t, oid, written if writing else [],
-                      list(ROW_VERSION_COLUMNS) if writing and reads_versions else [])
+                      list(row_version_columns(by_ctid)) if writing and reads_versions else [])
     # The room a value needs after rewriting depends on the data and the current key:
     # inventory.capacity_blocker checks it (rotation.resolve_all, inventory).
     _check_row_security(conn, t, oid)
     disable_triggers = _check_triggers(conn, t, oid, written, writing=writing)
     return ResolvedTarget(t, relation, id_column, key_version, cipher_cols,
-                          disable_triggers=disable_triggers, by_ctid=bool(kind and kind[0]))
+                          disable_triggers=disable_triggers, by_ctid=by_ctid, inherited=inherited,
+                          key_update=writing and _in_unique_index(conn, t, oid, written))
 
 
 def read_columns(t: TargetSettings) -> list[str]:
@@ -293,15 +328,51 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     return True
 
 
-def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None) -> sql.Composed:
+def _in_unique_index(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
+                     written: list[str]) -> bool:
+    """Is a column of ``written`` in a unique index of the table or of one of its partitions or
+    inheritance children (PostgreSQL then takes a key update's FOR UPDATE lock for the row)?"""
+    try:
+        row = conn.execute(
+            """
+            WITH RECURSIVE rels(oid) AS (
+                SELECT %s::oid
+                UNION
+                SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.oid
+            )
+            SELECT EXISTS (
+                SELECT 1 FROM pg_index x JOIN rels ON x.indrelid = rels.oid
+                 WHERE x.indisunique
+                   AND x.indkey::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
+                                                  WHERE a.attrelid = x.indrelid AND a.attname = ANY(%s)))
+            """,
+            (oid, written),
+        ).fetchone()
+    except psycopg.Error as e:
+        raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
+    return bool(row and row[0])
+
+
+def row_lock(target: ResolvedTarget) -> sql.SQL:
+    """The row lock a write that must never wait takes (with SKIP LOCKED) before it writes."""
+    return sql.SQL("FOR UPDATE" if target.key_update else "FOR NO KEY UPDATE")
+
+
+def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None,
+                        settings: Sequence[sql.Composable] = ()) -> sql.Composed:
     """The BEGIN of every transaction that writes a batch of ``target``, with its ``SET LOCAL``s,
     as one statement string (one round trip; no parameters, so several statements may be sent).
 
-    ``lock_wait``: this transaction's lock_timeout in seconds (None: the session's).
+    ``settings``: the drain's own ``SET LOCAL``s (nothing pinrotate sets outlives its transaction:
+    behind a transaction pooler the server connection is the application's next).
+    ``lock_wait``: this transaction's lock_timeout in seconds (None: as ``settings`` say).
     ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
     (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
     """
-    parts: list[sql.Composable] = [sql.SQL("BEGIN")]
+    # READ COMMITTED whatever the database's default_transaction_isolation: the row-version and
+    # compare-and-swap guards rely on its re-check of a row an application committed meanwhile
+    # (under REPEATABLE READ that is a serialization failure).
+    parts: list[sql.Composable] = [sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED"), *settings]
     if lock_wait is not None:
         parts.append(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{max(1, int(lock_wait * 1000))}ms")))
     if target.disable_triggers:

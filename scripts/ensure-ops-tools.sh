@@ -3,7 +3,8 @@
 # Debian's prometheus-pushgateway (/usr/bin/prometheus-pushgateway) and prometheus (/usr/bin/promtool),
 # chromium (/usr/bin/chromium, with a font) for the headless screenshot of the Prefect run page, and
 # mariadb-server (/usr/sbin/mariadbd, mariadb-install-db) for the MySQL / MariaDB tests when no MariaDB
-# answers on 127.0.0.1:3306 (tests/mariadb_server.py starts its own then).
+# answers on 127.0.0.1:3306 (tests/mariadb_server.py starts its own then), and
+# pgbouncer (/usr/sbin/pgbouncer) for the drain's test behind a transaction pooler.
 # Idempotent and quiet: does nothing when all of them are already installed. Needs root (or sudo)
 # on Debian/Ubuntu; never starts a service (the tests start their own Pushgateway on loopback).
 set -euo pipefail
@@ -14,6 +15,7 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 # /usr/sbin is not on every user's PATH: look there too.
 { command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || missing+=(mariadb-server)
+{ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; } || missing+=(pgbouncer)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi
@@ -65,3 +67,7 @@ for tool in prometheus-pushgateway promtool chromium mariadb-install-db; do
         exit 1
     fi
 done
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "ensure-ops-tools: pgbouncer still missing after apt-get install" >&2
+    exit 1
+fi

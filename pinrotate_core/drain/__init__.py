@@ -18,7 +18,7 @@ their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting``
 
 from .heap import long_lived_heap_frozen
 from .options import BeforeWrite, DrainOptions, stop_reason
-from .pipeline import prepare_session
+from .pipeline import transaction_settings
 from .results import (
     STOP_CANCELLED,
     STOP_DB_ERROR,
@@ -36,5 +36,5 @@ from .shards import Shard, split_backlog
 __all__ = [
     "STOP_CANCELLED", "STOP_DB_ERROR", "STOP_DEADLINE", "STOP_KEY_UNAVAILABLE", "STOP_ORCHESTRATOR_LOST", "STOP_THROTTLE_CRITICAL",
     "BatchEvent", "BeforeWrite", "Drain", "DrainOptions", "DrainResult", "Shard", "drain_target",
-    "long_lived_heap_frozen", "natural_id_order", "prepare_session", "split_backlog", "stop_reason",
+    "long_lived_heap_frozen", "natural_id_order", "split_backlog", "stop_reason", "transaction_settings",
 ]

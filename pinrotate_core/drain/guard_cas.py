@@ -1,7 +1,10 @@
 """The compare-and-swap write guard (fpc1): rows are read without locks; each column is written
 only where it still holds the value read, and the write locks its rows ``SKIP LOCKED`` so it never
 waits on an application. A miss is settled: moved already by another run (not a conflict), held
-locked by someone else (left for the sweep), or a CONFLICT, recorded for the gate."""
+locked by someone else (left for the sweep), or a CONFLICT, recorded for the gate. What the
+database stored is returned and compared with what was sent, every row (``NotStored``). A row is
+found by its id, unique on a plain or partitioned table: a table with inheritance children, whose
+ids may repeat, is BLOCKED for this guard (targets.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,11 @@ from psycopg import sql
 
 from ..conflicts import NO_TENANT, StateError, record_conflicts
 from ..schemes.base import Scheme, Write
-from ..targets import Column
+from ..targets import Column, row_lock
 from .counting import BacklogCounter
-from .guards import Sweep
+from .guards import Sweep, stored_as_sent
 from .options import DrainOptions
-from .results import BatchOutcome, DrainResult, Tally
+from .results import BatchOutcome, DrainResult, NotStored, Tally
 from .selection import Selection
 
 
@@ -46,6 +49,10 @@ class CasGuard:
         query, params = self.selection.next_batch(lo, hi, size)
         return conn.cursor(binary=True).execute(query, params).fetchall()
 
+    @staticmethod
+    def after(row: tuple[Any, ...]) -> Any:
+        return row[0]  # ids are unique: an inheritance tree is BLOCKED for this guard
+
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         return rows, None  # the values read are the versions compared: the write carries them
 
@@ -61,6 +68,7 @@ class CasGuard:
         names: list[sql.Composable] = []
         sets: list[sql.Composable] = []
         same: list[sql.Composable] = []
+        stored: list[sql.Composable] = []
         for i, c in enumerate(columns):
             old, new = sql.Identifier(f"o{i}"), sql.Identifier(f"n{i}")
             names += [old, new]
@@ -68,25 +76,30 @@ class CasGuard:
             if c.type_name == "jsonb":
                 sets.append(sql.SQL("{} = u.{}::jsonb").format(sql.Identifier(c.name), new))
                 same.append(sql.SQL("{} = u.{}::jsonb").format(ref, old))
+                stored.append(stored_as_sent(c, sql.SQL("u.{}::jsonb").format(new)))
             elif c.type_name == "json":
                 sets.append(sql.SQL("{} = u.{}::json").format(sql.Identifier(c.name), new))
                 same.append(sql.SQL("{}::text = u.{}").format(ref, old))
+                stored.append(stored_as_sent(c, sql.SQL("u.{}").format(new)))
             else:
                 sets.append(sql.SQL("{} = u.{}").format(sql.Identifier(c.name), new))
                 same.append(sql.SQL("{} = u.{}").format(ref, old))
+                stored.append(stored_as_sent(c, sql.SQL("u.{}").format(new)))
         # Lock first, never wait: a row an application holds locked is skipped (left for the
         # sweep or the next run, as the lock guard's SKIP LOCKED leaves it), the others are
         # locked and written where they still hold the values read.
         statement = sql.SQL(
             "WITH pinrotate_locked AS MATERIALIZED ("
             "SELECT u.* FROM unnest({arrays}) AS u(pinrotate_id, {names}) JOIN {rel} AS t "
-            "ON t.{id} = u.pinrotate_id FOR NO KEY UPDATE OF t SKIP LOCKED), "
+            "ON t.{id} = u.pinrotate_id {lock} OF t SKIP LOCKED), "
             "pinrotate_moved AS (UPDATE {rel} AS t SET {sets} FROM pinrotate_locked AS u "
-            "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} RETURNING t.{id} AS pinrotate_id) "
-            "SELECT true, pinrotate_id FROM pinrotate_moved UNION ALL SELECT false, pinrotate_id FROM pinrotate_locked"
+            "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} "
+            "RETURNING t.{id} AS pinrotate_id, {stored} AS pinrotate_stored) "
+            "SELECT true, pinrotate_id, pinrotate_stored FROM pinrotate_moved "
+            "UNION ALL SELECT false, pinrotate_id, true FROM pinrotate_locked"
         ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
                  names=sql.SQL(", ").join(names), id=self.selection.id, same=sql.SQL(" AND ").join(same),
-                 scope=self.selection.scope_t)
+                 scope=self.selection.scope_t, stored=sql.SQL(" AND ").join(stored), lock=row_lock(self.target))
         self._statements[write.columns] = statement
         return statement
 
@@ -97,8 +110,13 @@ class CasGuard:
             params += [old, new]
         matched: set[Any] = set()
         locked: set[Any] = set()
-        for moved, row_id in conn.execute(self._update(write), params).fetchall():
+        differ: set[Any] = set()
+        for moved, row_id, stored in conn.execute(self._update(write), params).fetchall():
             (matched if moved else locked).add(row_id)
+            if not stored:
+                differ.add(row_id)
+        if differ:  # the database stored something else (a trigger): roll back, write again without
+            raise NotStored(write, [i for i, row_id in enumerate(write.ids) if row_id in differ])
         # Not locked: someone else holds the row (or it is gone); locked but not written: a miss.
         missed = [i for i, row_id in enumerate(write.ids) if row_id not in matched]
         settled, held = self._settle_misses(conn, write, missed, locked) if missed else (set(), set())

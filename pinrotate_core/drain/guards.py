@@ -12,11 +12,27 @@ from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import sql
 
 from ..schemes.base import Write
+from ..targets import Column
 from .counting import BacklogCounter
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, Tally
+
+# Text types compared byte for byte (a deterministic collation's equality), whatever the column's collation.
+_COLLATABLE = frozenset({"text", "varchar", "bpchar"})
+
+
+def stored_as_sent(column: Column, sent: sql.Composable, alias: str = "t") -> sql.Composable:
+    """SQL, true when the value ``column`` holds after an UPDATE (in its RETURNING: BEFORE UPDATE
+    triggers' effects included) is the value ``sent``, of the column's own base type."""
+    ref = sql.Identifier(alias, column.name)
+    if column.type_name == "json":  # no equality operator: its text, as stored
+        return sql.SQL("{}::text IS NOT DISTINCT FROM {}::text").format(ref, sent)
+    if column.type_name in _COLLATABLE:
+        return sql.SQL('{} IS NOT DISTINCT FROM {} COLLATE "C"').format(ref, sent)
+    return sql.SQL("{} IS NOT DISTINCT FROM {}").format(ref, sent)
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,11 @@ class Guard(Protocol):
     row_wait: float | None
 
     def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
-        """The next batch after ``lo`` (up to ``hi``), read in autocommit without row locks."""
+        """The next batch after ``lo`` (an id, or what ``after`` returned; up to the id ``hi``),
+        read in the open read transaction without row locks."""
+
+    def after(self, row: tuple[Any, ...]) -> Any:
+        """Where the next batch begins: after ``row``, the last one read (as ``read`` returned it)."""
 
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         """(the rows as the scheme plans them, what the guard keeps of them for the write)."""

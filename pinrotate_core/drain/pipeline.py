@@ -24,7 +24,7 @@ from psycopg import sql
 from ..db import describe_db_error, raw_connection
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
-from ..schemes.base import BatchPlan, Scheme
+from ..schemes.base import NOT_STORED, BatchPlan, FailedRow, Scheme
 from ..targets import writing_batch_begin
 from .guards import Guard
 from .options import DrainOptions, stop_reason
@@ -35,6 +35,8 @@ from .results import (
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
     BatchOutcome,
+    CommitUnknown,
+    NotStored,
     Tally,
 )
 
@@ -97,6 +99,10 @@ class BatchPipeline:
         self.options = options
         self.tally = tally
         self.stopped = threading.Event()  # one worker's fail-closed stop stops its siblings
+        self._settings = transaction_settings(options)
+        self._read_begin = sql.SQL("; ").join([
+            sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED" + (" READ ONLY" if options.dry_run else "")),
+            *self._settings])
 
     def guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
         """One pass (see ``_pass``); an error that stops the target is a stop reason, recorded once."""
@@ -142,23 +148,61 @@ class BatchPipeline:
         if halt.is_set() or self._should_stop():
             return None
         read = time.perf_counter()
-        # Autocommit, no row lock: the session's statement_timeout bounds it (prepare_session).
-        return _Fetched(self.guard.read(conn, lo, hi, size), size, read)
+        # No row lock; its own short transaction, whose SET LOCALs bound it (transaction_settings).
+        conn.execute(self._read_begin)
+        try:
+            rows = self.guard.read(conn, lo, hi, size)
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return _Fetched(rows, size, read)
 
     def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
         """The batch's writes and COMMIT in one transaction (writer thread); ROLLBACK on any error:
-        whole or nothing. Where the guard's first try may wait on a row (``row_wait``) and that
-        wait runs out, or a deadlock ends it, the batch is written again cautiously, never waiting
-        on a row."""
+        whole or nothing. A row whose stored value is not the one written (a trigger kept or
+        changed it) rolls the batch back; it is written again without that row, FAILED."""
+        while True:
+            try:
+                return self._write_tries(conn, plan, versions)
+            except NotStored as e:  # rolled back: each try leaves out at least one more row
+                self._leave_out(plan, e)
+
+    def _leave_out(self, plan: BatchPlan, e: NotStored) -> None:
+        """Take the rows ``e`` names out of ``plan``'s write, FAILED (``NOT_STORED``)."""
+        at = next(i for i, w in enumerate(plan.writes) if w is e.write)
+        plan.writes[at] = e.write.drop(e.positions)
+        columns = tuple(self.target.columns[j].name for j in e.write.columns)
+        plan.failed += [FailedRow(self.target.name, str(e.write.ids[p]), columns, NOT_STORED) for p in e.positions]
+        log_event("batch_write_retried", level=30, run_id=self.options.run_id or None, target=self.target.name,
+                  reason="the database stored another value than the one written", rows=len(e.positions))
+
+    def _write_tries(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
+        """Where the guard's first try may wait on a row (``row_wait``) and that wait runs out, or
+        a deadlock ends it, the batch is written again cautiously, never waiting on a row. A
+        serialization failure (an application's commit moved a row while the write waited for it:
+        a partition-key change) is the application winning a race: the batch is written again,
+        once more at most, and the new snapshot no longer sees the row the application moved."""
         wait = self.guard.row_wait
         if wait is not None:
             wait = min(wait, self.options.lock_timeout)
             try:
                 return self._write_once(conn, plan, versions, wait)
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
-                log_event("batch_write_retried", level=20, run_id=self.options.run_id or None,
-                          target=self.target.name, reason="a lock was held by someone else")
-        return self._write_once(conn, plan, versions, None)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
+                    psycopg.errors.SerializationFailure) as e:
+                self._retried(e)
+        try:
+            return self._write_once(conn, plan, versions, None)
+        except psycopg.errors.SerializationFailure as e:
+            self._retried(e)
+            return self._write_once(conn, plan, versions, None)
+
+    def _retried(self, e: psycopg.Error) -> None:
+        reason = ("an application's commit moved a row the write waited for"
+                  if isinstance(e, psycopg.errors.SerializationFailure) else "a lock was held by someone else")
+        log_event("batch_write_retried", level=20, run_id=self.options.run_id or None, target=self.target.name,
+                  reason=reason)
 
     def _write_once(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any,
                     wait: float | None) -> BatchOutcome:
@@ -166,11 +210,18 @@ class BatchPipeline:
         and the guard's cautious write), the writes, COMMIT."""
         outcome = BatchOutcome()
         try:
-            conn.execute(writing_batch_begin(self.target, wait))  # one round trip
+            conn.execute(writing_batch_begin(self.target, wait, self._settings))  # one round trip
             for write in plan.writes:
                 if write.ids:
                     self.guard.write(conn, write, outcome, versions, wait is None and self.guard.row_wait is not None)
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except psycopg.Error as e:
+                if not (conn.closed or conn.broken):
+                    raise  # the server answered: rolled back
+                with self.tally.lock:
+                    self.tally.commit_unknown += plan.planned
+                raise CommitUnknown(self.target.name, plan.planned, describe_db_error(e)) from None
             outcome.committed = time.perf_counter()
         except BaseException:
             with contextlib.suppress(psycopg.Error):
@@ -228,8 +279,6 @@ class BatchPipeline:
         halt = _AnyEvent(opts.stop, halt_pass, self.stopped)
         with contextlib.ExitStack() as stack:
             conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
-            for c in conns:
-                prepare_session(c, opts)
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
@@ -255,7 +304,7 @@ class BatchPipeline:
                         break  # this batch was only read: nothing to undo
                     if len(rows) == fetched.size:  # more to come: read the next batch while this one is worked
                         next_fetch = reader.submit(contextvars.copy_context().run, self._next_batch,
-                                                   conns[(k + 1) % len(conns)], rows[-1][0], hi, False, halt)
+                                                   conns[(k + 1) % len(conns)], self.guard.after(rows[-1]), hi, False, halt)
                     if only is not None:
                         rows = [r for r in rows if r[0] in only]
                     rows, versions = self.guard.received(rows)
@@ -292,27 +341,28 @@ class BatchPipeline:
         return reason
 
 
-def prepare_session(conn: psycopg.Connection[Any], options: DrainOptions) -> None:
-    """Session settings of a drain connection (reset when it goes back to the pool)."""
-    conn.execute("SET application_name = 'pinrotate'")
+def transaction_settings(options: DrainOptions) -> list[sql.Composable]:
+    """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes), never session
+    settings: behind a transaction pooler (PgBouncer ``pool_mode = transaction``) a server
+    connection goes to the application's next transaction, and nothing pinrotate sets may reach it.
+    """
     # Never wait long for a lock an application holds, never run away, and never hold rows for
-    # ever: the server ends a write transaction left idle longer than idle_timeout (a frozen
-    # process), which rolls it back. Set once a session, not in every batch.
-    for name, seconds in (("lock_timeout", options.lock_timeout),
-                          ("statement_timeout", options.statement_timeout),
-                          ("idle_in_transaction_session_timeout", options.idle_timeout)):
-        conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(f"{int(seconds * 1000)}ms")))
+    # ever: the server ends a transaction left idle longer than idle_timeout (a frozen process),
+    # which rolls it back.
+    out: list[sql.Composable] = [
+        sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(f"{max(1, int(seconds * 1000))}ms"))
+        for name, seconds in (("lock_timeout", options.lock_timeout),
+                              ("statement_timeout", options.statement_timeout),
+                              ("idle_in_transaction_session_timeout", options.idle_timeout))]
     # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
     # the batch against a sequential scan of the whole table.
-    conn.execute("SET enable_hashjoin = off")
-    conn.execute("SET enable_mergejoin = off")
-    if options.dry_run:
-        conn.execute("SET default_transaction_read_only = on")
-    else:
+    out += [sql.SQL("SET LOCAL enable_hashjoin = off"), sql.SQL("SET LOCAL enable_mergejoin = off")]
+    if not options.dry_run:
         # A commit lost in a crash only leaves its rows on the old key, which is still in the
         # keyring: the next run takes them again. So batches need not wait for each WAL flush;
         # the drain ends with durability.force_flush() before it reports.
-        conn.execute("SET synchronous_commit = off")
+        out.append(sql.SQL("SET LOCAL synchronous_commit = off"))
+    return out
 
 
 def _feeds_sizer(throttle: Throttle, rows: int, started: float) -> Callable[[Future[BatchOutcome]], None]:

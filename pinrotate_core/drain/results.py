@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DatabaseError
-from ..schemes.base import BatchPlan, FailedRow
+from ..schemes.base import BatchPlan, FailedRow, Write
 
 # Why a drain stopped before its backlog was empty.
 STOP_KEY_UNAVAILABLE = "key_unavailable"
@@ -92,6 +92,27 @@ def first_reason(reasons: Sequence[str | None]) -> str | None:
     return min(present, key=order.index) if present else None
 
 
+class CommitUnknown(DatabaseError):
+    """The connection was lost while a batch's COMMIT was in flight: it may have committed or not.
+    Never reported as rolled back; the drain recounts the backlog from the database."""
+
+    def __init__(self, target: str, rows: int, cause: str) -> None:
+        super().__init__(f"target {target}: the outcome of a batch's COMMIT is unknown ({cause}): its {rows} "
+                         "row(s) may or may not have been re-encrypted; the backlog is recounted")
+        self.rows = rows
+
+
+class NotStored(Exception):
+    """A write whose RETURNING showed rows holding something other than the values written (a
+    BEFORE UPDATE trigger kept or changed them): the batch is rolled back and written again without
+    them, each FAILED (``NOT_STORED``). ``positions``: indexes into ``write.ids``."""
+
+    def __init__(self, write: Write, positions: Sequence[int]) -> None:
+        super().__init__(f"{len(positions)} row(s) did not store the value written")
+        self.write = write
+        self.positions = list(positions)
+
+
 @dataclass
 class BatchOutcome:
     """What one batch's writes did, counted only once its COMMIT is confirmed."""
@@ -119,6 +140,7 @@ class Tally:
         self.failed: dict[tuple[str, str], FailedRow] = {}
         self.held: set[Any] = set()  # cas: rows someone else held locked at the write, for the sweep
         self.error: BaseException | None = None
+        self.commit_unknown = 0  # rows of batches whose COMMIT outcome is unknown (not counted)
         self.sample: list[Any] = []  # reservoir of re-encrypted ids, re-read by the verify step
         self._seen = 0
         self._rng = random.Random()
@@ -169,6 +191,9 @@ class Tally:
             result.failed = sorted(self.failed.values(), key=lambda f: (natural_id_order(f.id), f.reason))
             result.sample_ids = list(dict.fromkeys(self.sample))
             result.stopped = reason
+            if self.commit_unknown:
+                result.notes.append(f"up to {self.commit_unknown} row(s) of a batch whose COMMIT outcome is unknown "
+                                    "may have been re-encrypted beyond the count; the backlog left is recounted")
             if self.error is not None:
                 result.error = str(self.error)
                 result.retryable = bool(getattr(self.error, "retryable", isinstance(self.error, DatabaseError)))

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from ..db import describe_db_error, raw_connection
+from ..db import describe_db_error, raw_connection, read_only_when
 from ..durability import force_flush
 from ..errors import DatabaseError
 from ..log import log_event
@@ -59,9 +59,7 @@ class Drain:
         started = time.perf_counter()
         result = DrainResult(name, self.scheme.current_key, dry_run=opts.dry_run)
         try:
-            with raw_connection(self.engine) as conn:
-                if opts.dry_run:
-                    conn.execute("SET default_transaction_read_only = on")
+            with raw_connection(self.engine) as conn, read_only_when(conn, opts.dry_run):
                 result.backlog_before = opts.planned_backlog or self.count_backlog(conn)
                 bounds = (self.planner.range_bounds(conn, opts.workers, result.backlog_before)
                           if opts.workers > 1 and result.backlog_before else [])

@@ -5,6 +5,7 @@ uses these pieces, never a copy of them. Statements only: nothing is executed he
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -41,12 +42,33 @@ class Selection:
         """Stale, in scope, and ``conds`` (an id range)."""
         return sql.SQL(" AND ").join([self.where, *conds])
 
-    def next_batch(self, lo: Any, hi: Any, size: int,
-                   extra: Sequence[sql.Composable] = ()) -> tuple[sql.Composed, list[Any]]:
+    def next_batch(self, lo: Any, hi: Any, size: int, extra: Sequence[sql.Composable] = (),
+                   then_by: Sequence[sql.Composable] = ()) -> tuple[sql.Composed, list[Any]]:
         """The next ``size`` stale rows after ``lo`` (up to ``hi``) in id order, without row locks;
-        ``extra`` columns after the scheme's."""
-        conds, params = self.range(lo, hi)
-        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {id} LIMIT %s").format(
+        ``extra`` columns after the scheme's. ``then_by``: what orders rows of one id (an
+        inheritance tree's ids repeat); ``lo`` is then an id, or a ``Position`` of as many values
+        after the id, whose rows of that id are read from after it."""
+        if isinstance(lo, Position):
+            conds, params = self.range(None, hi)
+            keys = [self.id, *then_by]
+            conds.append(sql.SQL("({}) > ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(
+                [sql.SQL("%s"), *(sql.SQL("%b::{}").format(sql.Identifier(t)) for t in lo.types)])))
+            # The row comparison gives the index the id's lower bound only: say it plainly.
+            conds.append(sql.SQL("{} >= %s").format(self.id))
+            params = [*params, lo.id, *lo.rest, lo.id]
+        else:
+            conds, params = self.range(lo, hi)
+        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {order} LIMIT %s").format(
             id=self.id, cols=sql.SQL(", ").join([*self.scheme.read_list(), *extra]), rel=self.target.relation,
-            where=self.stale_in(conds))
+            where=self.stale_in(conds), order=sql.SQL(", ").join([self.id, *then_by]))
         return query, [*params, size]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a keyset pass over a tree of tables stands: the last row's id and, after it, what
+    orders rows of one id (``types``: their SQL types, ``rest``: their binary values)."""
+
+    id: Any
+    rest: tuple[Any, ...]
+    types: tuple[str, ...]

@@ -12,7 +12,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from ..db import describe_db_error, raw_connection
+from ..db import describe_db_error, raw_connection, read_only_when
 from ..errors import DatabaseError
 from ..log import log_event
 from ..schemes.base import Scheme
@@ -122,9 +122,7 @@ def split_backlog(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shar
     counter = BacklogCounter(scheme, selection, options.id_range)
     planner = ShardPlanner(selection, options.id_range, options.run_id)
     try:
-        with raw_connection(engine) as conn:
-            if options.dry_run:
-                conn.execute("SET default_transaction_read_only = on")
+        with raw_connection(engine) as conn, read_only_when(conn, options.dry_run):
             bounds, estimated = (planner._sampled_bounds(conn, shards, planner.estimated_rows(conn)) if shards > 1
                                  else ([], None))
             if not bounds:

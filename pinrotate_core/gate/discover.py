@@ -75,7 +75,7 @@ def apply_discovery(report: GateReport, discovery: Discovery) -> None:
 
 
 def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: Keyring) -> Discovery:
-    """Sweep the database behind ``conn`` (autocommit: each table is read, and locked, on its own).
+    """Sweep the database behind ``conn`` (each table read, and locked, in a transaction of its own).
 
     A table dropped meanwhile is gone (nothing to find); one locked by DDL past ``LOCK_TIMEOUT``, or one the
     role turns out not to read, is unreadable (closes every gate). Other database errors: DatabaseError.
@@ -83,18 +83,22 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
     started = time.monotonic()
     discovery = Discovery(server_side=keyring.server_side)
     keys = None if keyring.server_side else SampleKeys(keyring, settings.keys.legacy_format)
+    set_lock_timeout = sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT))
     try:
-        conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         plan = plan_sweep(conn, settings)
         discovery.unreadable, discovery.not_swept = plan.unreadable, plan.not_swept
         for table in plan.tables:
             try:
-                found = pattern_counts(conn, table, keyring.server_side)
-                found.update(json_path_counts(conn, table, keyring.server_side))
-                discovery.finds += [Find(f"{table.label}.{name}", dict(counts), "pattern")
-                                    for name, counts in found.items()]
-                if keys is not None:
-                    discovery.finds += sample_finds(conn, table, keys, settings.gate.discover_sample)
+                # One transaction a table, its lock_timeout with it (SET LOCAL: behind a transaction
+                # pooler nothing pinrotate sets may outlive its transaction).
+                with conn.transaction():
+                    conn.execute(set_lock_timeout)
+                    found = pattern_counts(conn, table, keyring.server_side)
+                    found.update(json_path_counts(conn, table, keyring.server_side))
+                    discovery.finds += [Find(f"{table.label}.{name}", dict(counts), "pattern")
+                                        for name, counts in found.items()]
+                    if keys is not None:
+                        discovery.finds += sample_finds(conn, table, keys, settings.gate.discover_sample)
             except psycopg.errors.UndefinedTable:
                 continue
             except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as e:
@@ -103,7 +107,6 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
                 continue
             discovery.tables += 1
             discovery.columns += len(table.columns)
-        conn.execute("RESET lock_timeout")
     except psycopg.Error as e:
         raise DatabaseError(f"the sweep outside the targets failed ({describe_db_error(e)})") from None
     discovery.seconds = time.monotonic() - started
@@ -111,7 +114,7 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
 
 
 def discover_outside_targets(engine: sa.Engine, settings: Settings, keyring: Keyring) -> Discovery:
-    """The sweep on a connection of its own (its lock_timeout ends with it)."""
+    """The sweep on a connection of its own."""
     with raw_connection(engine) as conn:
         return sweep_database(conn, settings, keyring)
 

@@ -93,8 +93,12 @@ def mark_read_start(conn: psycopg.Connection[Any]) -> ReadMark:
     only once no application writes under it (every instance has the new keyring).
     """
     try:
-        row = conn.execute("SELECT pg_backend_pid(), current_user, pg_is_in_recovery()").fetchone()
-        rows = conn.execute(_MARK_SQL).fetchall()
+        # One transaction: behind a transaction pooler both statements reach the same server
+        # connection, and the mark leaves out that one transaction, its own (pg_backend_pid()
+        # inside it), never a pid remembered from another.
+        with conn.transaction():
+            row = conn.execute("SELECT pg_backend_pid(), current_user, pg_is_in_recovery()").fetchone()
+            rows = conn.execute(_MARK_SQL).fetchall()
     except psycopg.Error as e:
         raise DatabaseError(f"cannot read the sessions in flight ({describe_db_error(e)})") from None
     assert row is not None

@@ -106,8 +106,9 @@ class ConfiguredReplicas:
         try:
             conn = self._conns.get(url)
             if conn is None or conn.closed:
+                # prepare_threshold=None: no server-side prepared statements (a pooler may sit between).
                 conn = psycopg.connect(url, autocommit=True, application_name="pinrotate",
-                                       connect_timeout=REPLICA_CONNECT_TIMEOUT)
+                                       connect_timeout=REPLICA_CONNECT_TIMEOUT, prepare_threshold=None)
                 self._conns[url] = conn
             # Received and synced to disk by streaming; replayed (from an archive, too) is on disk as well.
             row = conn.execute("SELECT pg_is_in_recovery(),"

@@ -92,10 +92,11 @@ def plan_aesgcm_batch(
     """
     write = Write(tuple(range(len(columns))))
     plan = BatchPlan(writes=[write])
+    given: list[int] | None = None  # positions of ``rows`` in the rows given, where some were left out
     if known_failed:
-        kept = [row for row in rows if str(row[0]) not in known_failed]
-        plan.skipped = len(rows) - len(kept)
-        rows = kept
+        given = [i for i, row in enumerate(rows) if str(row[0]) not in known_failed]
+        plan.skipped = len(rows) - len(given)
+        rows = [rows[i] for i in given]
     current = ciphers.keyring.current
     target_cipher = ciphers.cipher(current)
     versions = [row[1] for row in rows]
@@ -145,6 +146,7 @@ def plan_aesgcm_batch(
     if not bad_columns:
         write.ids = [row[0] for row in rows]
         write.new = new_columns
+        write.rows = given if plan.skipped else None
     else:
         keep = [i for i in range(len(rows)) if i not in bad_columns]
         for i in sorted(bad_columns):
@@ -152,6 +154,7 @@ def plan_aesgcm_batch(
             plan.failed.append(FailedRow(target, str(rows[i][0]), tuple(c for c in columns if c in named)))
         write.ids = [rows[i][0] for i in keep]
         write.new = [[values[i] for i in keep] for values in new_columns]
+        write.rows = keep if given is None else [given[i] for i in keep]
     write.weights = [1] * len(write.ids)
     write.tenants = [""] * len(write.ids)
     return plan

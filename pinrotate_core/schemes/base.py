@@ -21,6 +21,9 @@ from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
 
 DECRYPT_FAILED: Final = "decrypt_failed"
+# The database stored something other than the value written (a BEFORE UPDATE trigger kept or
+# changed it): the row is rolled back within its batch and left as it was, FAILED.
+NOT_STORED: Final = "not_stored"
 UNKNOWN_KEY: Final = "unknown_key"
 
 # Inventory categories (contract §6).
@@ -73,19 +76,37 @@ class Write:
     old: list[list[Any]] = field(default_factory=list)
     weights: list[int] = field(default_factory=list)  # values re-encrypted per row
     tenants: list[str] = field(default_factory=list)  # cas: whose row it is (CONFLICT records)
+    # The position of each row in the rows given to ``plan`` (a row is its position there, never
+    # its id: an inheritance child's ids may repeat its parent's). None: every row given, in order
+    # (a compare-and-swap write, matched by id and value, need not say).
+    rows: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.new = self.new or [[] for _ in self.columns]
         self.old = self.old or [[] for _ in self.columns]
 
-    def add(self, row_id: Any, new: Sequence[Any], old: Sequence[Any] = (), weight: int = 1, tenant: str = "") -> None:
+    def add(self, row_id: Any, new: Sequence[Any], old: Sequence[Any] = (), weight: int = 1, tenant: str = "",
+            row: int | None = None) -> None:
         self.ids.append(row_id)
+        if row is not None:
+            if self.rows is None:
+                self.rows = []
+            self.rows.append(row)
         for values, value in zip(self.new, new):
             values.append(value)
         for values, value in zip(self.old, old):
             values.append(value)
         self.weights.append(weight)
         self.tenants.append(tenant)
+
+
+    def drop(self, positions: Collection[int]) -> Write:
+        """This write without its rows at ``positions`` (indexes into ``ids``)."""
+        keep = [i for i in range(len(self.ids)) if i not in positions]
+        return Write(self.columns, [self.ids[i] for i in keep], [[c[i] for i in keep] for c in self.new],
+                     [[c[i] for i in keep] for c in self.old] if any(self.old) else [],
+                     [self.weights[i] for i in keep], [self.tenants[i] for i in keep],
+                     keep if self.rows is None else [self.rows[i] for i in keep])
 
 
 @dataclass

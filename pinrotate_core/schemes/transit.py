@@ -104,11 +104,11 @@ def plan_transit_batch(target: str, columns: Sequence[Column], rows: Sequence[Se
     """
     write = Write(tuple(range(len(columns))))
     plan = BatchPlan(writes=[write])
-    kept: list[tuple[Any, list[str | None]]] = []
+    kept: list[tuple[Any, list[str | None], int]] = []  # (id, values, position in the rows given)
     stale: list[_Stale] = []
-    todo = [r for r in rows if str(r[0]) not in known_failed] if known_failed else rows
+    todo = [(i, r) for i, r in enumerate(rows) if not known_failed or str(r[0]) not in known_failed]
     plan.skipped = len(rows) - len(todo)
-    for row in todo:
+    for position, row in todo:
         texts: list[str | None] = []
         behind: list[_Stale] = []
         bad: list[str] = []
@@ -125,18 +125,19 @@ def plan_transit_batch(target: str, columns: Sequence[Column], rows: Sequence[Se
         if bad:
             plan.failed.append(FailedRow(target, str(row[0]), tuple(bad)))
             continue
-        kept.append((row[0], texts))
+        kept.append((row[0], texts, position))
         stale += behind
 
     rewrapped, fresh, refused = _rewrap_isolating_refusals(columns, stale, rewrapper, target)
     for item, new_value in zip(rewrapped, _verified(target, fresh, len(rewrapped), current)):
         kept[item.row][1][item.column] = new_value
 
-    for i, (row_id, texts) in enumerate(kept):
+    for i, (row_id, texts, position) in enumerate(kept):
         if i in refused:
             plan.failed.append(FailedRow(target, str(row_id), tuple(refused[i])))
             continue
-        write.add(row_id, [None if text is None else _stored_form(text, c) for c, text in zip(columns, texts)])
+        write.add(row_id, [None if text is None else _stored_form(text, c) for c, text in zip(columns, texts)],
+                  row=position)
     return plan
 
 

@@ -113,8 +113,9 @@ class ReplicaLagMeter:
             try:
                 conn = self._conns.get(url)
                 if conn is None or conn.closed:
+                    # prepare_threshold=None: no server-side prepared statements (a pooler may sit between).
                     conn = psycopg.connect(url, autocommit=True, application_name=APPLICATION_NAME,
-                                           connect_timeout=REPLICA_CONNECT_TIMEOUT)
+                                           connect_timeout=REPLICA_CONNECT_TIMEOUT, prepare_threshold=None)
                     self._conns[url] = conn
                 row = conn.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text").fetchone()
             except psycopg.Error as e:
