@@ -61,6 +61,18 @@ def env(name: str, *variables: str) -> AliasChoices:
     return AliasChoices(name, *variables)
 
 
+# Settings that no longer exist and are refused by name (the GCM legacy forms they chose are gone).
+REMOVED_KEYS_SETTINGS = ("legacy_format", "legacy_plaintext")
+FORGE_ALGORITHMS = ("SM4", "AES")
+
+
+def _algorithm_code(code: str) -> str:
+    """``SM4`` or ``AES`` (any case, as Forge's ``CryptoAlgorithm.fromCode``), upper-cased."""
+    if code.upper() not in FORGE_ALGORITHMS:
+        raise ValueError("must be \"SM4\" or \"AES\"")
+    return code.upper()
+
+
 class _Strict(BaseModel):
     # strict: a TOML string is no number and no boolean; environment strings are converted first.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -118,11 +130,25 @@ class KeysSettings(_Strict):
     write_versioned: bool = Field(default=True, validation_alias=env("write_versioned", "PINROTATE_WRITE_VERSIONED"))
     legacy_read_enabled: bool = Field(default=False, validation_alias=env("legacy_read_enabled",
                                                                   "PINROTATE_LEGACY_READ_ENABLED"))
-    legacy_format: Literal["aesgcm-b64", "aes-ecb-b64"] = "aesgcm-b64"
-    # The only integrity check an aes-ecb-b64 value has: "utf8" counts a value only when its
-    # plaintext is valid UTF-8; "bytes" accepts any plaintext whose padding is valid.
-    legacy_plaintext: Literal["utf8", "bytes"] = "utf8"
+    # fpc1: the algorithm of legacy (headerless) values, SM4 or AES; a target or a column may say
+    # otherwise. Unset: Forge's forge.crypto.algorithm ([forge] algorithm, FORGE_CRYPTO_ALGORITHM), else SM4.
+    legacy_algorithm: str | None = None
     vault: VaultSettings = VaultSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for name in REMOVED_KEYS_SETTINGS:
+                if name in data:
+                    raise ValueError(f"{name} is no longer a setting: fpc1 legacy values are Forge's own form"
+                                     " (SM4 or AES, ECB/PKCS#7, base64); say their algorithm with legacy_algorithm")
+        return data
+
+    @field_validator("legacy_algorithm")
+    @classmethod
+    def _legacy_algorithm(cls, code: str | None) -> str | None:
+        return None if code is None else _algorithm_code(code)
 
     @model_validator(mode="after")
     def _provider_complete(self) -> KeysSettings:
@@ -269,6 +295,16 @@ class TargetSettings(_Strict):
     # UPDATE triggers on the table: "block" the target (default), "disable" them for each batch
     # (session_replication_role = replica), or let them "fire" and accept their side effects.
     triggers: Literal["block", "disable", "fire"] = "block"
+    # fpc1: the algorithm of this target's legacy values, for all its columns ("SM4") or per column
+    # ({ phone = "SM4", id_card = "AES" }; a column not named takes [keys] legacy_algorithm).
+    legacy_algorithm: str | dict[str, str] | None = None
+
+    @field_validator("legacy_algorithm")
+    @classmethod
+    def _legacy_algorithm(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        if isinstance(v, dict):
+            return {column: _algorithm_code(code) for column, code in v.items()}
+        return None if v is None else _algorithm_code(v)
 
     @field_validator("table")
     @classmethod
@@ -296,6 +332,13 @@ class TargetSettings(_Strict):
         for col in self.json_paths:
             if col not in self.columns:
                 raise ValueError(f"json_paths names column {col} that is not in columns")
+        if isinstance(self.legacy_algorithm, dict):
+            for col in self.legacy_algorithm:
+                if col not in self.columns:
+                    raise ValueError(f"legacy_algorithm names column {col} that is not in columns")
+        if self.legacy_algorithm is not None and not rules.legacy_values:
+            allowed = [name for name in known_formats() if FORMATS[name].legacy_values]
+            raise ValueError(f"legacy_algorithm is for {' and '.join(allowed)} targets only")
         if self.json_paths and not rules.json_paths:
             allowed = [name for name in known_formats() if FORMATS[name].json_paths]
             raise ValueError(f"json_paths is supported for {' and '.join(allowed)} targets only")
@@ -310,6 +353,21 @@ class TargetSettings(_Strict):
         return self.table.split(".")[-1]
 
 
+class ForgeSettings(_Strict):
+    """``[forge]``: Forge's own settings that pinrotate follows."""
+
+    # Forge's forge.crypto.algorithm: the default algorithm of legacy values (data-connection passwords).
+    algorithm: str = Field(default="SM4", validation_alias=env("algorithm", "FORGE_CRYPTO_ALGORITHM"))
+    # Add Forge's own tables (ai_report_data_connection, every ai_crud_config with encrypt_config) as targets.
+    discover_targets: bool = Field(default=False, validation_alias=env("discover_targets",
+                                                                       "PINROTATE_FORGE_DISCOVER_TARGETS"))
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm(cls, code: str) -> str:
+        return _algorithm_code(code)
+
+
 class Settings(BaseSettings):
     # Built by load_settings/settings_from_mapping from explicit sources, never from the
     # process environment behind the caller's back.
@@ -320,10 +378,28 @@ class Settings(BaseSettings):
     job: JobSettings = JobSettings()
     metrics: MetricsSettings = MetricsSettings()
     gate: GateSettings = GateSettings()
-    targets: tuple[TargetSettings, ...] = Field(min_length=1, strict=False)
+    forge: ForgeSettings = ForgeSettings()
+    targets: tuple[TargetSettings, ...] = Field(default=(), strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forge_default_algorithm(cls, data: Any) -> Any:
+        """``[keys] legacy_algorithm`` unset: Forge's own ``forge.crypto.algorithm`` (``[forge] algorithm``
+        or ``FORGE_CRYPTO_ALGORITHM``), else SM4, so that a scheme reads one setting."""
+        if not isinstance(data, Mapping):
+            return data
+        keys, forge = data.get("keys", {}), data.get("forge", {})
+        if not isinstance(keys, Mapping) or not isinstance(forge, Mapping) or keys.get("legacy_algorithm") is not None:
+            return data
+        code = forge.get("algorithm", "SM4")
+        if isinstance(code, str) and code.upper() in FORGE_ALGORITHMS:
+            return {**data, "keys": {**keys, "legacy_algorithm": code.upper()}}
+        return data
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Settings:
+        if not self.targets and not self.forge.discover_targets:
+            raise ValueError("no targets: configure [[targets]] or set [forge] discover_targets = true")
         names = [t.name for t in self.targets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

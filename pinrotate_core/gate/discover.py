@@ -82,7 +82,7 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
     """
     started = time.monotonic()
     discovery = Discovery(server_side=keyring.server_side)
-    keys = None if keyring.server_side else SampleKeys(keyring, settings.keys.legacy_format)
+    keys = None if keyring.server_side else SampleKeys(keyring)
     try:
         conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         plan = plan_sweep(conn, settings)
