@@ -15,12 +15,12 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg import sql
 
+from .._primitives import EcbPkcs7
 from ..errors import CiphertextInvalid
 from ..keyring import Keyring
 from ..schemes._json_paths import parse_json_path
 from ..schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
 from ..schemes.base import LEGACY_KEY
-from .._primitives import EcbPkcs7
 from ..schemes.fpc1_values import decrypt_text
 from .sweep_plan import SweptTable
 

@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Final
 
 from psycopg import sql
 
-from ..config import KeysSettings
 from .._primitives import PaddingInvalid
+from ..config import KeysSettings
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, RefusedToStart, TargetBlocked, VerificationFailed
 from ..keyring import Keyring
 from ..targets import Column, ResolvedTarget
