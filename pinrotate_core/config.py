@@ -141,7 +141,7 @@ class KeysSettings(_Strict):
         if isinstance(data, Mapping):
             for name in REMOVED_KEYS_SETTINGS:
                 if name in data:
-                    raise ValueError(f"{name} is no longer a setting: fpc1 legacy values are Forge's own form"
+                    raise ValueError(f"keys.{name} is no longer a setting: fpc1 legacy values are Forge's own form"
                                      " (SM4 or AES, ECB/PKCS#7, base64); say their algorithm with legacy_algorithm")
         return data
 
@@ -399,7 +399,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _unique_targets(self) -> Settings:
         if not self.targets and not self.forge.discover_targets:
-            raise ValueError("no targets: configure [[targets]] or set [forge] discover_targets = true")
+            raise ValueError("targets: required setting is missing (configure [[targets]], or set [forge] discover_targets = true)")
         names = [t.name for t in self.targets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

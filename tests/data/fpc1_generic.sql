@@ -1,7 +1,8 @@
--- Forge-like schema for `fpc1` targets (design 003): data-connection passwords and low-code configs.
--- Schema only, no data; safe to run again (IF NOT EXISTS everywhere). See examples/forge.toml.
+-- Forge-like schema for the generic `fpc1` tests: data-connection passwords and low-code JSON configs
+-- (Forge's own tables are examples/forge.sql).
+-- Schema only, no data; safe to run again (IF NOT EXISTS everywhere). See fpc1_generic.toml.
 --
--- Encrypted values are self-describing text, `FPC1:<AES-GCM|SM4-GCM>:<keyId>:<base64>`, next to older
+-- Encrypted values are self-describing text, `FPC1:<SM4|AES>:<keyId>:<base64>`, next to older
 -- unversioned (legacy) base64 ciphertexts; there is no key-version column. Rows are per tenant and
 -- soft-deleted with a flag: pinrotate only reads and rewrites rows in scope (the given tenant, not
 -- deleted), only the encrypted column, and never runs DDL: a column too narrow for the new
