@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -38,8 +39,12 @@ def test_the_readme_forge_path_runs_as_written_and_ends_with_an_open_legacy_gate
     (work / ".venv").symlink_to(REPO / ".venv")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PINROTATE_", "VAULT_", "FORGE_", "PREFECT_"))}
     env.update(HOME=str(home), PREFECT_HOME=str(home / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    proc = subprocess.run(["bash", "-eu", "-c", forge_block()], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
+    try:
+        proc = subprocess.run(["bash", "-eu", "-c", forge_block()], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=900, check=False)
+        sample_mode = (home / ".pinrotate" / "forge-sample" / "crypto.properties").stat().st_mode & 0o777
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "Traceback" not in output
@@ -48,4 +53,4 @@ def test_the_readme_forge_path_runs_as_written_and_ends_with_an_open_legacy_gate
     assert "dry run" in proc.stdout
     assert re.search(r"lowcode:crm_customer\s+350\s+0\s+0\s+0", proc.stdout)  # the run: 350 values, none failed
     assert "gate for key legacy: OPEN" in proc.stdout
-    assert (home / ".pinrotate" / "forge-sample" / "crypto.properties").stat().st_mode & 0o777 == 0o600
+    assert sample_mode == 0o600
