@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,15 +20,15 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
-    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
 
-from .config_errors import TARGET_NAME, describe_validation_error, error_message
+from .config_env import EnvironmentSource
+from .config_errors import TARGET_NAME, describe_validation_error
+from .config_forge import FORGE_ALGORITHMS, REMOVED_KEYS_SETTINGS, ForgeSettings, algorithm_code
 from .errors import ConfigError
 from .schemes import DEFAULT_FORMAT, FORMATS, known_formats
 
@@ -59,18 +59,6 @@ def pinrotate_home() -> Path:
 def env(name: str, *variables: str) -> AliasChoices:
     """The setting ``name`` in the file, or any of the environment ``variables`` (which win)."""
     return AliasChoices(name, *variables)
-
-
-# Settings that no longer exist and are refused by name (the GCM legacy forms they chose are gone).
-REMOVED_KEYS_SETTINGS = ("legacy_format", "legacy_plaintext")
-FORGE_ALGORITHMS = ("SM4", "AES")
-
-
-def _algorithm_code(code: str) -> str:
-    """``SM4`` or ``AES`` (any case, as Forge's ``CryptoAlgorithm.fromCode``), upper-cased."""
-    if code.upper() not in FORGE_ALGORITHMS:
-        raise ValueError("must be \"SM4\" or \"AES\"")
-    return code.upper()
 
 
 class _Strict(BaseModel):
@@ -148,7 +136,7 @@ class KeysSettings(_Strict):
     @field_validator("legacy_algorithm")
     @classmethod
     def _legacy_algorithm(cls, code: str | None) -> str | None:
-        return None if code is None else _algorithm_code(code)
+        return None if code is None else algorithm_code(code)
 
     @model_validator(mode="after")
     def _provider_complete(self) -> KeysSettings:
@@ -303,8 +291,8 @@ class TargetSettings(_Strict):
     @classmethod
     def _legacy_algorithm(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
         if isinstance(v, dict):
-            return {column: _algorithm_code(code) for column, code in v.items()}
-        return None if v is None else _algorithm_code(v)
+            return {column: algorithm_code(code) for column, code in v.items()}
+        return None if v is None else algorithm_code(v)
 
     @field_validator("table")
     @classmethod
@@ -353,21 +341,6 @@ class TargetSettings(_Strict):
         return self.table.split(".")[-1]
 
 
-class ForgeSettings(_Strict):
-    """``[forge]``: Forge's own settings that pinrotate follows."""
-
-    # Forge's forge.crypto.algorithm: the default algorithm of legacy values (data-connection passwords).
-    algorithm: str = Field(default="SM4", validation_alias=env("algorithm", "FORGE_CRYPTO_ALGORITHM"))
-    # Add Forge's own tables (ai_report_data_connection, every ai_crud_config with encrypt_config) as targets.
-    discover_targets: bool = Field(default=False, validation_alias=env("discover_targets",
-                                                                       "PINROTATE_FORGE_DISCOVER_TARGETS"))
-
-    @field_validator("algorithm")
-    @classmethod
-    def _algorithm(cls, code: str) -> str:
-        return _algorithm_code(code)
-
-
 class Settings(BaseSettings):
     # Built by load_settings/settings_from_mapping from explicit sources, never from the
     # process environment behind the caller's back.
@@ -411,52 +384,6 @@ class Settings(BaseSettings):
             if t.name == name:
                 return t
         raise ConfigError(f"--target {name}: no such target (have: {', '.join(t.name for t in self.targets)})")
-
-
-def _env_settings(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
-                                                                                         FieldInfo, str]]:
-    """(setting path, field, variable) for every setting an environment variable may override."""
-    for name, field in model.model_fields.items():
-        if isinstance(field.validation_alias, AliasChoices):
-            for variable in field.validation_alias.choices[1:]:
-                yield (*path, name), field, str(variable)
-        elif isinstance(field.default, BaseModel):
-            yield from _env_settings(type(field.default), (*path, name))
-
-
-class EnvironmentSource(PydanticBaseSettingsSource):
-    """The environment variables named in the settings' ``AliasChoices``, as nested settings.
-
-    Their strings are converted by the setting's own type first, so that the strict model takes
-    ``PINROTATE_BATCH_SIZE=50`` while the file's ``batch_size = "50"`` stays refused. An empty
-    variable overrides nothing. ``origins`` maps each overridden setting to its variable.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str], source: str) -> None:
-        super().__init__(settings_cls)
-        self.environ, self.source = environ, source
-        self.origins: dict[tuple[str, ...], str] = {}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # everything happens in __call__: settings are nested
-
-    def __call__(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for path, field, variable in _env_settings(self.settings_cls):
-            text = self.environ.get(variable)
-            if not text:
-                continue
-            try:
-                value = TypeAdapter(field.annotation or str).validate_strings(text)
-            except ValidationError as e:
-                where = f"{'.'.join(path)} (from {variable})"
-                raise ConfigError(f"{self.source}: {where}: {error_message(e.errors(include_input=False)[0])}") from None
-            node = data
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            node[path[-1]] = value
-            self.origins[path] = variable
-        return data
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str] | None = None) -> Path:
