@@ -122,3 +122,16 @@ def test_inventory_deep_and_the_run_read_ecb_values_the_same_way(
     deep = rotation.inventory(settings, deep=True).targets["T"]
     dry = rotation.run_rotation(settings, dry_run=True).targets["T"]
     assert deep.counts["FAILED"] == len(dry.failed)
+
+
+def test_with_legacy_reading_off_legacy_values_are_left_alone_and_not_held_against_the_run(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    data = EcbDataSet(pg_conn)
+    settings = data.settings(database_url, keys_file, legacy_read_enabled=False)
+    before = data.stored()
+    report = rotation.run_rotation(settings, expected_key="k2")
+    result = report.targets["T"]
+    assert report.exit_code == rotation.EXIT_OK and result.failed == []
+    assert result.legacy_left == GENUINE + FOREIGN and result.reencrypted == 0
+    assert data.stored() == before
+    assert not retire_gate(settings, "legacy").open

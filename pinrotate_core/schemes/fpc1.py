@@ -145,9 +145,10 @@ class Fpc1Scheme:
 
     def check_value(self, column: Column, stored: str) -> bool:
         """Does ``stored`` decrypt under its key (padding and UTF-8)? Only a padding or UTF-8 failure
-        is False; other failures (no such key, a misshapen payload) say nothing about the key."""
+        is False; other failures (no such key, a misshapen payload) say nothing about the key, and a
+        value this run would not read (legacy, with legacy reading off) is not tried."""
         try:
-            self._deep_ciphers.decrypt(stored, self.legacy_algorithms[column.name])
+            self.ciphers.decrypt(stored, self.legacy_algorithms[column.name])
         except PaddingInvalid:
             return False
         except (CiphertextInvalid, KeyUnavailable):
