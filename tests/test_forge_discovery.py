@@ -17,6 +17,7 @@ from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.forge_discovery import snake_case, with_forge_targets
 from pinrotate_core.gate import retire_gate
+from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
 
 from .test_forge_rules import ACTIVE_1, ACTIVE_2, LEGACY_KEY, bootstrap, forge_encrypt, forge_reads
@@ -94,6 +95,8 @@ def test_discovered_targets_are_inventoried_rotated_and_gated_like_configured_on
     again = rotation.run_rotation(s, expected_key="k2", target_names=["lowcode:hr_employee"])
     assert again.exit_code == 0 and again.targets["lowcode:hr_employee"].reencrypted == 1
     assert retire_gate(s, "legacy", erase_excluded=True).open
+    # The sweep outside the targets (inventory --discover) sees Forge's tables as targets, not as finds.
+    assert not [f.column for f in discover(s).finds if "crm_customer" in f.column or "data_connection" in f.column]
     # grants name the discovered tables too.
     assert any("crm_customer" in line and "UPDATE" in line for line in grant_statements(s, "rotator"))
 

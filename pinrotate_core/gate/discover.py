@@ -22,6 +22,7 @@ from psycopg import sql
 from ..config import Settings
 from ..db import database_url, describe_db_error, make_engine, raw_connection
 from ..errors import DatabaseError
+from ..forge_discovery import with_forge_targets
 from ..keyring import Keyring, is_version
 from ..log import log_event
 from ..providers import build_provider
@@ -121,6 +122,7 @@ def discover(settings: Settings) -> Discovery:
     keyring = build_provider(settings).load_keyring()
     engine = make_engine(database_url(settings), pool_size=1)
     try:
+        settings = with_forge_targets(settings, engine)  # Forge's own tables are targets, not finds
         return discover_outside_targets(engine, settings, keyring)
     finally:
         engine.dispose()
