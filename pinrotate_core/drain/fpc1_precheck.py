@@ -19,9 +19,8 @@ from psycopg import sql
 
 from ..log import log_event
 from ..schemes.base import DECRYPT_FAILED, FailedRow
-from ..schemes.fpc1_values import ValueField, group_of
 from ..scope import scope_condition
-from ..targets import Column, ResolvedTarget
+from ..targets import ResolvedTarget
 from .results import Tally
 from .selection import Selection
 
@@ -30,7 +29,7 @@ SCAN_ROWS = 5000
 
 @runtime_checkable
 class HoldsFailingKeys(Protocol):
-    """What a scheme without integrity offers the pre-pass."""
+    """What a scheme without integrity offers the pre-pass (``fpc1``)."""
 
     target: ResolvedTarget
 
@@ -38,10 +37,9 @@ class HoldsFailingKeys(Protocol):
 
     def read_list(self, alias: str | None = None) -> list[sql.Composable]: ...
 
-    def values(self, column: Column, text: str | None) -> list[tuple[ValueField, str | None]]: ...
-
-    def check_value(self, column: Column, stored: str) -> bool:
-        """False only when ``stored`` fails its padding or UTF-8 under its key."""
+    def failing_values(self, texts: Sequence[Any]) -> list[tuple[str, str]]:
+        """(label, key) of each value of a row (the texts of ``read_list`` after the tenant) that
+        fails its padding or UTF-8 under its key."""
 
     def hold(self, keys: Collection[str]) -> None:
         """Rewrite no value of ``keys`` in this run."""
@@ -63,9 +61,11 @@ def hold_failing_keys(conn: psycopg.Connection[Any], scheme: HoldsFailingKeys, s
         cur.itersize = SCAN_ROWS
         cur.execute(query, params)
         for row in cur:
-            labels = _failing_values(scheme, row[3:], failing)
-            if labels and row[1]:
-                failed.append(FailedRow(target.name, str(row[0]), tuple(labels), DECRYPT_FAILED))
+            found = scheme.failing_values(row[3:])
+            for _, key in found:
+                failing[key] = failing.get(key, 0) + 1
+            if found and row[1]:
+                failed.append(FailedRow(target.name, str(row[0]), tuple(label for label, _ in found), DECRYPT_FAILED))
     if failing:
         scheme.hold(failing)
         with tally.lock:
@@ -74,16 +74,3 @@ def hold_failing_keys(conn: psycopg.Connection[Any], scheme: HoldsFailingKeys, s
         for key, n in sorted(failing.items()):
             log_event("key_held", level=30, run_id=run_id or None, target=target.name, key=key, failing_values=n)
     return set(failing)
-
-
-def _failing_values(scheme: HoldsFailingKeys, texts: Sequence[Any], failing: dict[str, int]) -> list[str]:
-    labels: list[str] = []
-    for column, text in zip(scheme.target.columns, texts):
-        for value_field, stored in scheme.values(column, text):
-            if stored is None:
-                continue
-            group = group_of(stored)
-            if group is not None and not scheme.check_value(column, stored):
-                failing[group] = failing.get(group, 0) + 1
-                labels.append(value_field.label)
-    return labels

@@ -143,6 +143,17 @@ class Fpc1Scheme:
             raise KeyUnavailable(f"target {self.target.name}: a value re-encrypted under key "
                                  f"{self.keyring.current} did not verify", retryable=False) from None
 
+    def failing_values(self, texts: Sequence[Any]) -> list[tuple[str, str]]:
+        """(label, key) of each value of a row (its column texts) that fails its padding or UTF-8:
+        what the drain's pre-pass (``drain.fpc1_precheck``) holds keys back for."""
+        out: list[tuple[str, str]] = []
+        for column, text in zip(self.target.columns, texts):
+            for value_field, stored in self.values(column, text):
+                key = None if stored is None else group_of(stored)
+                if key is not None and stored is not None and not self.check_value(column, stored):
+                    out.append((value_field.label, key))
+        return out
+
     def check_value(self, column: Column, stored: str) -> bool:
         """Does ``stored`` decrypt under its key (padding and UTF-8)? Only a padding or UTF-8 failure
         is False; other failures (no such key, a misshapen payload) say nothing about the key, and a
