@@ -41,7 +41,7 @@ def seed(conn: psycopg.Connection[tuple[object, ...]], rows: int) -> None:
     conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     conn.execute(f"CREATE SCHEMA {SCHEMA}")
     conn.execute(f"CREATE TABLE {SCHEMA}.secrets (id bigint PRIMARY KEY, secret text)")
-    conn.execute(f"INSERT INTO {SCHEMA}.secrets SELECT i, 'FPC1:AES-GCM:k2:' || encode(sha256(i::text::bytea), "
+    conn.execute(f"INSERT INTO {SCHEMA}.secrets SELECT i, 'FPC1:SM4:k2:' || encode(sha256(i::text::bytea), "
                  "'base64') FROM generate_series(1, 1000) i")
     conn.execute(f"""
         CREATE TABLE {SCHEMA}.archive (id bigint, note text, doc jsonb, blob bytea, n integer)""")
@@ -49,10 +49,10 @@ def seed(conn: psycopg.Connection[tuple[object, ...]], rows: int) -> None:
         INSERT INTO {SCHEMA}.archive
         SELECT i,
                CASE WHEN i % 100 = 0
-                    THEN 'FPC1:AES-GCM:k1:' || encode(sha256(i::text::bytea) || sha256((i + 1)::text::bytea), 'base64')
+                    THEN 'FPC1:SM4:k1:' || encode(sha256(i::text::bytea) || sha256((i + 1)::text::bytea), 'base64')
                     ELSE 'customer note number ' || i END,
                jsonb_build_object('kind', 'order', 'n', i, 'secret',
-                                  CASE WHEN i % 1000 = 0 THEN 'FPC1:AES-GCM:k1:' || md5(i::text) ELSE md5(i::text) END),
+                                  CASE WHEN i % 1000 = 0 THEN 'FPC1:SM4:k1:' || md5(i::text) ELSE md5(i::text) END),
                sha256(i::text::bytea) || sha256((i * 7)::text::bytea),
                i
           FROM generate_series(1, {rows}) i""")

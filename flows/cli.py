@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     seed.add_argument("--rows", type=int, default=10_000, metavar="N",
                       help="sample persons (default 10000), with N/2 documents, N/4 templates and N/4 requests")
     seed.add_argument("--key", metavar="V", help="integer key version to encrypt under (default: the current key)")
+    seed.add_argument("--preset", choices=("pin-profile", "forge"), default="pin-profile",
+                      help="forge: Forge's own tables (examples/forge.sql) with legacy and FPC1 values, and a sample"
+                           " Forge bootstrap file where none exists ([keys] file or FORGE_CRYPTO_BOOTSTRAP_FILE)")
 
     keys = sub.add_parser("keys", help="manage the keyring (file, vault-kv; rotate for vault-transit)")
     _common(keys)
@@ -268,6 +271,8 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     from pinrotate_core.samples import seed_database
 
     settings = _settings(ns)
+    if ns.preset == "forge":
+        return _seed_forge(ns, settings)
     # Seeding writes under the current key, so a file keyring that does not exist yet is created
     # here, as on a run's first start (never by a read: inventory, gate, keys list).
     keyring = build_provider(settings, create_keyring=True).load_keyring()
@@ -277,6 +282,21 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     human = (f"seeded {summary.total_rows} rows of the Pin profile sample under key {summary.key_id} "
              f"({', '.join(f'{t}: {n}' for t, n in summary.counts.items())}; {summary.drafts} drafts)\n"
              "next: keys add, keys promote <new key>, then inventory and run")
+    emit(ns, doc, human)
+    return rotation.EXIT_OK
+
+
+def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
+    from pinrotate_core.samples import seed_forge_sample
+
+    if settings.keys.provider != "forge":
+        raise ConfigError("seed --preset forge: needs [keys] provider = \"forge\" (see examples/forge.toml)")
+    summary = seed_forge_sample(settings, settings.keys.file_path, rows=ns.rows)
+    doc = {"sample": "forge", "bootstrap_file": summary.bootstrap_file, "rows": summary.total_rows,
+           "tables": summary.counts, "active_key": "k2"}
+    human = (f"seeded {summary.total_rows} rows of Forge's tables ({', '.join(f'{t}: {n}' for t, n in summary.counts.items())})"
+             f" and a sample Forge bootstrap file {summary.bootstrap_file} (active key k2, historical k1, legacy key)\n"
+             "next: inventory, run --dry-run, run --expected-key-version k2, gate --retire legacy")
     emit(ns, doc, human)
     return rotation.EXIT_OK
 

@@ -104,71 +104,58 @@ class AesGcm:
         raise TypeError("key objects cannot be pickled")
 
 
-class Sm4Gcm:
-    """nonce(12) || ciphertext || tag(16), SM4 in GCM mode (cryptography's Cipher API)."""
+class EcbPkcs7:
+    """SM4 or AES in ECB mode with PKCS#7 padding: what Forge's encryptors (hutool's
+    ``SmUtil.sm4(key)`` and ``SecureUtil.aes(key)``) write. No integrity of its own: a wrong key is
+    caught only by the padding check (which random bytes pass about once in 256 tries) and by what
+    the caller checks of the plaintext. One object per (algorithm, key)."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_algorithm", "_key")
 
-    def __init__(self, key: bytes) -> None:
-        if len(key) != 16:
-            raise ValueError("SM4 key must be 16 bytes")
+    def __init__(self, algorithm: str, key: bytes) -> None:
+        if algorithm == "SM4":
+            if len(key) != 16:
+                raise ValueError("SM4 key must be 16 bytes")
+        elif algorithm == "AES":
+            if len(key) not in (16, 24, 32):
+                raise ValueError("AES key must be 16, 24 or 32 bytes")
+        else:
+            raise ValueError("algorithm must be SM4 or AES")
+        self._algorithm = algorithm
         self._key = key
 
-    def encrypt(self, plaintext: bytes, nonce: bytes | None = None) -> bytes:
-        nonce = random_nonce() if nonce is None else nonce
-        enc = Cipher(algorithms.SM4(self._key), modes.GCM(nonce)).encryptor()
-        body = enc.update(plaintext) + enc.finalize()
-        return nonce + body + enc.tag
-
-    def decrypt(self, blob: bytes) -> bytes:
-        if len(blob) < NONCE_LEN + TAG_LEN:
-            raise CiphertextInvalid("ciphertext too short")
-        nonce, body, tag = blob[:NONCE_LEN], blob[NONCE_LEN:-TAG_LEN], blob[-TAG_LEN:]
-        try:
-            dec = Cipher(algorithms.SM4(self._key), modes.GCM(nonce, tag)).decryptor()
-            return dec.update(body) + dec.finalize()
-        except InvalidTag:
-            raise CiphertextInvalid("ciphertext does not authenticate") from None
-
-    def __repr__(self) -> str:
-        return "Sm4Gcm(<redacted>)"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key objects cannot be pickled")
-
-
-class AesEcbPkcs7:
-    """Legacy, read-only: AES-ECB with PKCS#7 padding, as many older Java services wrote."""
-
-    __slots__ = ("_key",)
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) not in (16, 24, 32):
-            raise ValueError("AES key must be 16, 24 or 32 bytes")
-        self._key = key
+    def _cipher(self) -> Cipher[modes.ECB]:
+        block = algorithms.SM4(self._key) if self._algorithm == "SM4" else algorithms.AES(self._key)
+        return Cipher(block, modes.ECB())
 
     def encrypt(self, plaintext: bytes) -> bytes:
-        # Only tests and fixtures write this legacy form; pinrotate never does.
         padder = padding.PKCS7(128).padder()
-        enc = Cipher(algorithms.AES(self._key), modes.ECB()).encryptor()
+        enc = self._cipher().encryptor()
         return enc.update(padder.update(plaintext) + padder.finalize()) + enc.finalize()
 
     def decrypt(self, blob: bytes) -> bytes:
+        """The plaintext, or CiphertextInvalid: ``PaddingInvalid`` when the blocks decrypt but their
+        padding is wrong (what a wrong key gives), plain CiphertextInvalid for a misshapen blob."""
         if not blob or len(blob) % 16:
             raise CiphertextInvalid("ciphertext is not a whole number of blocks")
-        dec = Cipher(algorithms.AES(self._key), modes.ECB()).decryptor()
+        dec = self._cipher().decryptor()
         padded = dec.update(blob) + dec.finalize()
         unpadder = padding.PKCS7(128).unpadder()
         try:
             return unpadder.update(padded) + unpadder.finalize()
         except ValueError:
-            raise CiphertextInvalid("ciphertext padding is invalid") from None
+            raise PaddingInvalid("ciphertext padding is invalid") from None
 
     def __repr__(self) -> str:
-        return "AesEcbPkcs7(<redacted>)"
+        return f"EcbPkcs7({self._algorithm}, <redacted>)"
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("key objects cannot be pickled")
+
+
+class PaddingInvalid(CiphertextInvalid):
+    """An ECB value whose blocks decrypted but whose padding (or, for text, UTF-8) is wrong: the sign
+    of a wrong key, which no tag catches (the fpc1 scheme holds back every value of that key)."""
 
 
 # The fixed, versioned input of every key check value: a new label means a new algorithm name.

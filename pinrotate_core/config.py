@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,15 +20,15 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
-    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
 
-from .config_errors import TARGET_NAME, describe_validation_error, error_message
+from .config_env import EnvironmentSource
+from .config_errors import TARGET_NAME, describe_validation_error
+from .config_forge import FORGE_ALGORITHMS, REMOVED_KEYS_SETTINGS, ForgeSettings, algorithm_code
 from .errors import ConfigError
 from .schemes import DEFAULT_FORMAT, FORMATS, known_formats
 
@@ -118,11 +118,25 @@ class KeysSettings(_Strict):
     write_versioned: bool = Field(default=True, validation_alias=env("write_versioned", "PINROTATE_WRITE_VERSIONED"))
     legacy_read_enabled: bool = Field(default=False, validation_alias=env("legacy_read_enabled",
                                                                   "PINROTATE_LEGACY_READ_ENABLED"))
-    legacy_format: Literal["aesgcm-b64", "aes-ecb-b64"] = "aesgcm-b64"
-    # The only integrity check an aes-ecb-b64 value has: "utf8" counts a value only when its
-    # plaintext is valid UTF-8; "bytes" accepts any plaintext whose padding is valid.
-    legacy_plaintext: Literal["utf8", "bytes"] = "utf8"
+    # fpc1: the algorithm of legacy (headerless) values, SM4 or AES; a target or a column may say
+    # otherwise. Unset: Forge's forge.crypto.algorithm ([forge] algorithm, FORGE_CRYPTO_ALGORITHM), else SM4.
+    legacy_algorithm: str | None = None
     vault: VaultSettings = VaultSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for name in REMOVED_KEYS_SETTINGS:
+                if name in data:
+                    raise ValueError(f"keys.{name} is no longer a setting: fpc1 legacy values are Forge's own form"
+                                     " (SM4 or AES, ECB/PKCS#7, base64); say their algorithm with legacy_algorithm")
+        return data
+
+    @field_validator("legacy_algorithm")
+    @classmethod
+    def _legacy_algorithm(cls, code: str | None) -> str | None:
+        return None if code is None else algorithm_code(code)
 
     @model_validator(mode="after")
     def _provider_complete(self) -> KeysSettings:
@@ -269,6 +283,16 @@ class TargetSettings(_Strict):
     # UPDATE triggers on the table: "block" the target (default), "disable" them for each batch
     # (session_replication_role = replica), or let them "fire" and accept their side effects.
     triggers: Literal["block", "disable", "fire"] = "block"
+    # fpc1: the algorithm of this target's legacy values, for all its columns ("SM4") or per column
+    # ({ phone = "SM4", id_card = "AES" }; a column not named takes [keys] legacy_algorithm).
+    legacy_algorithm: str | dict[str, str] | None = None
+
+    @field_validator("legacy_algorithm")
+    @classmethod
+    def _legacy_algorithm(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        if isinstance(v, dict):
+            return {column: algorithm_code(code) for column, code in v.items()}
+        return None if v is None else algorithm_code(v)
 
     @field_validator("table")
     @classmethod
@@ -296,6 +320,13 @@ class TargetSettings(_Strict):
         for col in self.json_paths:
             if col not in self.columns:
                 raise ValueError(f"json_paths names column {col} that is not in columns")
+        if isinstance(self.legacy_algorithm, dict):
+            for col in self.legacy_algorithm:
+                if col not in self.columns:
+                    raise ValueError(f"legacy_algorithm names column {col} that is not in columns")
+        if self.legacy_algorithm is not None and not rules.legacy_values:
+            allowed = [name for name in known_formats() if FORMATS[name].legacy_values]
+            raise ValueError(f"legacy_algorithm is for {' and '.join(allowed)} targets only")
         if self.json_paths and not rules.json_paths:
             allowed = [name for name in known_formats() if FORMATS[name].json_paths]
             raise ValueError(f"json_paths is supported for {' and '.join(allowed)} targets only")
@@ -320,10 +351,28 @@ class Settings(BaseSettings):
     job: JobSettings = JobSettings()
     metrics: MetricsSettings = MetricsSettings()
     gate: GateSettings = GateSettings()
-    targets: tuple[TargetSettings, ...] = Field(min_length=1, strict=False)
+    forge: ForgeSettings = ForgeSettings()
+    targets: tuple[TargetSettings, ...] = Field(default=(), strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forge_default_algorithm(cls, data: Any) -> Any:
+        """``[keys] legacy_algorithm`` unset: Forge's own ``forge.crypto.algorithm`` (``[forge] algorithm``
+        or ``FORGE_CRYPTO_ALGORITHM``), else SM4, so that a scheme reads one setting."""
+        if not isinstance(data, Mapping):
+            return data
+        keys, forge = data.get("keys", {}), data.get("forge", {})
+        if not isinstance(keys, Mapping) or not isinstance(forge, Mapping) or keys.get("legacy_algorithm") is not None:
+            return data
+        code = forge.get("algorithm", "SM4")
+        if isinstance(code, str) and code.upper() in FORGE_ALGORITHMS:
+            return {**data, "keys": {**keys, "legacy_algorithm": code.upper()}}
+        return data
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Settings:
+        if not self.targets and not self.forge.discover_targets:
+            raise ValueError("targets: required setting is missing (configure [[targets]], or set [forge] discover_targets = true)")
         names = [t.name for t in self.targets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -335,52 +384,6 @@ class Settings(BaseSettings):
             if t.name == name:
                 return t
         raise ConfigError(f"--target {name}: no such target (have: {', '.join(t.name for t in self.targets)})")
-
-
-def _env_settings(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
-                                                                                         FieldInfo, str]]:
-    """(setting path, field, variable) for every setting an environment variable may override."""
-    for name, field in model.model_fields.items():
-        if isinstance(field.validation_alias, AliasChoices):
-            for variable in field.validation_alias.choices[1:]:
-                yield (*path, name), field, str(variable)
-        elif isinstance(field.default, BaseModel):
-            yield from _env_settings(type(field.default), (*path, name))
-
-
-class EnvironmentSource(PydanticBaseSettingsSource):
-    """The environment variables named in the settings' ``AliasChoices``, as nested settings.
-
-    Their strings are converted by the setting's own type first, so that the strict model takes
-    ``PINROTATE_BATCH_SIZE=50`` while the file's ``batch_size = "50"`` stays refused. An empty
-    variable overrides nothing. ``origins`` maps each overridden setting to its variable.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str], source: str) -> None:
-        super().__init__(settings_cls)
-        self.environ, self.source = environ, source
-        self.origins: dict[tuple[str, ...], str] = {}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # everything happens in __call__: settings are nested
-
-    def __call__(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for path, field, variable in _env_settings(self.settings_cls):
-            text = self.environ.get(variable)
-            if not text:
-                continue
-            try:
-                value = TypeAdapter(field.annotation or str).validate_strings(text)
-            except ValidationError as e:
-                where = f"{'.'.join(path)} (from {variable})"
-                raise ConfigError(f"{self.source}: {where}: {error_message(e.errors(include_input=False)[0])}") from None
-            node = data
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            node[path[-1]] = value
-            self.origins[path] = variable
-        return data
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str] | None = None) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TARGET_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def describe_validation_error(e: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None,

@@ -13,6 +13,7 @@ from psycopg import sql
 
 from . import bookkeeping, conflicts, key_checks
 from .config import Settings
+from .forge_discovery import with_forge_targets
 from .schemes.registry import reads_row_versions
 from .targets import ROW_VERSION_COLUMNS, read_columns, relation_of
 
@@ -35,6 +36,7 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
     if read_only:
         out.append(sql.SQL("GRANT pg_read_all_data, pg_read_all_stats TO {}").format(grantee))
         return [s.as_string() + ";" for s in out]
+    settings = with_forge_targets(settings)  # Forge's own tables too, as every command sees them
     schemas = sorted({t.schema_name for t in settings.targets if t.schema_name})
     out += [sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(s), grantee) for s in schemas]
     for t in settings.targets:

@@ -23,6 +23,7 @@ from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
+from .forge_discovery import with_forge_targets
 from .gate import run_gate
 from .inventory import Inventory, capacity_blocker, take_inventory
 from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
@@ -163,12 +164,17 @@ def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: b
     """Validate everything that can be validated before touching the database. ``create_keyring``:
     only for a run's first start (contract §3, "created on first use"): a ``file`` keyring absent
     there is created; every other step (a shard, a worker, verify) refuses a missing one."""
-    targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
-    check_tenant_scope(targets, tenant)
-    provider = build_provider(settings, create_keyring=create_keyring)
     if engine is None:
         workers = settings.job.max_degree_of_parallelism
         engine = make_engine(database_url(settings), pool_size=3 * workers + 2)
+    try:
+        settings = with_forge_targets(settings, engine)  # Forge's own tables, read at every start
+        targets = [settings.target(n) for n in target_names] if target_names else list(settings.targets)
+        check_tenant_scope(targets, tenant)
+        provider = build_provider(settings, create_keyring=create_keyring)
+    except BaseException:
+        engine.dispose()
+        raise
     return RunContext(settings=settings, engine=engine, provider=provider, targets=targets,
                       run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
 
@@ -385,11 +391,12 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
 
 
 def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
-    check_tenant_scope(settings.targets, tenant)
-    provider = build_provider(settings)
-    keyring = provider.load_keyring()
     engine = make_engine(database_url(settings), pool_size=2)
     try:
+        settings = with_forge_targets(settings, engine)
+        check_tenant_scope(settings.targets, tenant)
+        provider = build_provider(settings)
+        keyring = provider.load_keyring()
         return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
     finally:
         engine.dispose()

@@ -30,7 +30,7 @@ from pinrotate_core.schemes.transit import transit_version
 from pinrotate_core.targets import resolve_target
 
 from .helpers import make_keyring
-from .test_fpc1_migration import K1, custom_settings, fpc1, legacy_gcm, write_keys
+from .test_fpc1_migration import K1, custom_settings, fpc1, legacy_ecb, write_keys
 from .test_transit_drain import new_transit, transit
 from .transit_helpers import transit_decrypt, transit_encrypt
 
@@ -119,9 +119,9 @@ def test_transit_values_that_gain_a_version_digit_block_a_tight_varchar_and_are_
 
 def test_fpc1_values_too_long_for_their_column_roll_the_batch_back_when_the_check_is_bypassed(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(100))")
-    # 40 bytes of plaintext: 92 characters as legacy, 108 once FPC1 under k2. Row 2 would fit.
-    pg_conn.execute("INSERT INTO creds VALUES (1, %s), (2, %s)", (legacy_gcm(b"x" * 40), fpc1("k1", K1, b"short")))
+    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(70))")
+    # 40 bytes of plaintext: 64 characters as legacy, 76 once FPC1:SM4 under k2. Row 2 would fit.
+    pg_conn.execute("INSERT INTO creds VALUES (1, %s), (2, %s)", (legacy_ecb(b"x" * 40), fpc1("k1", K1, b"short")))
     write_keys(keys_file)
     settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"]})
     before = rows_of(pg_conn, "creds")

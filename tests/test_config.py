@@ -215,7 +215,7 @@ BAD = {
                                 "keys.vault: auth = \"approle\" needs role_id"),
     "unknown_vault_setting": (config_text(extra=f'[keys.vault]\npasswd = "{SECRET}"\n'),
                               "keys.vault.passwd: unknown setting"),
-    "bad_legacy_format": (config_text(extra=f'[keys]\nlegacy_format = "{SECRET}"\n'), "keys.legacy_format"),
+    "removed_legacy_format": (config_text(extra=f'[keys]\nlegacy_format = "{SECRET}"\n'), "keys.legacy_format"),
     "bad_metrics_prefix": (config_text(extra='[metrics]\nprefix = "9-bad"\n'), "metrics.prefix"),
     "no_targets": (config_text(target=""), "targets: required setting is missing"),
     "aesgcm_without_key_version": (config_text(target=TARGET.replace('key_version = "key_version"\n', "")),
@@ -339,7 +339,8 @@ def test_the_newer_settings_default_as_documented(tmp_path: Path) -> None:
     assert (job.lock_timeout, job.statement_timeout) == (2.0, 30.0)
     assert job.throttle_variable == "pinrotate_throttle"
     assert s.database.replicas is None
-    assert s.keys.legacy_plaintext == "utf8"
+    assert s.keys.legacy_algorithm == "SM4"  # Forge's forge.crypto.algorithm default
+    assert (s.forge.algorithm, s.forge.discover_targets) == ("SM4", False)
     assert s.targets[0].triggers == "block"
 
 
@@ -350,7 +351,7 @@ def test_every_newer_setting_is_read_from_the_file(tmp_path: Path) -> None:
         "critical_replica_lag = 30", "critical_active_sessions = 90", "lock_timeout = 0.5",
         "statement_timeout = 12", 'throttle_variable = "profile-throttle"',
     ])
-    extra = '[keys]\nlegacy_plaintext = "bytes"\n'
+    extra = '[keys]\nlegacy_algorithm = "aes"\n'
     database = f'url = "{DB_URL}"\nreplicas = ["postgresql://app@replica-1/profile", "postgres://app@replica-2/p"]'
     path = write(tmp_path / "p.toml", config_text(job, extra, TARGET + 'triggers = "disable"\n', database))
     s = load_settings(path, env={})
@@ -360,7 +361,7 @@ def test_every_newer_setting_is_read_from_the_file(tmp_path: Path) -> None:
     assert (s.job.critical_replica_lag, s.job.critical_active_sessions) == (30.0, 90)
     assert (s.job.lock_timeout, s.job.statement_timeout, s.job.throttle_variable) == (0.5, 12.0, "profile-throttle")
     assert s.database.replicas == ("postgresql://app@replica-1/profile", "postgres://app@replica-2/p")
-    assert s.keys.legacy_plaintext == "bytes" and s.targets[0].triggers == "disable"
+    assert s.keys.legacy_algorithm == "AES" and s.targets[0].triggers == "disable"
 
 
 def test_no_replicas_is_a_setting_of_its_own(tmp_path: Path) -> None:
@@ -428,7 +429,9 @@ NEWER_BAD = {
     "batch_idle_timeout_zero": (config_text("batch_idle_timeout = 0"), "job.batch_idle_timeout"),
     "throttle_variable_not_a_prefect_name": (config_text('throttle_variable = "Throttle Me"'),
                                              "job.throttle_variable"),
-    "bad_legacy_plaintext": (config_text(extra=f'[keys]\nlegacy_plaintext = "{SECRET}"\n'), "keys.legacy_plaintext"),
+    "removed_legacy_plaintext": (config_text(extra=f'[keys]\nlegacy_plaintext = "{SECRET}"\n'), "keys.legacy_plaintext"),
+    "bad_legacy_algorithm": (config_text(extra=f'[keys]\nlegacy_algorithm = "{SECRET}"\n'), "keys.legacy_algorithm"),
+    "bad_forge_algorithm": (config_text(extra=f'[forge]\nalgorithm = "{SECRET}"\n'), "forge.algorithm"),
     "bad_triggers": (config_text(target=TARGET + f'triggers = "{SECRET}"\n'), 'target "Person": triggers'),
     "replica_not_a_postgresql_url": (config_text(database=f'url = "{DB_URL}"\nreplicas = ["mysql://{SECRET}@h/d"]'),
                                      "database.replicas: entry 1 is not a postgresql:// URL"),
@@ -522,3 +525,18 @@ def test_errors_speak_toml_naming_a_target_by_its_name_and_entries_from_one() ->
         message = str(err.value)
         assert message.startswith(f"p.toml: {expected}"), message
         assert "Input should" not in message and "tuple" not in message and "[0]" not in message
+
+
+def test_legacy_algorithm_defaults_to_forges_own_setting_and_may_be_set_per_target_and_column(tmp_path: Path) -> None:
+    """[keys] legacy_algorithm unset: FORGE_CRYPTO_ALGORITHM, else [forge] algorithm, else SM4; a
+    target or a column may say otherwise; anything but SM4 / AES is a one-line error naming it."""
+    path = write(tmp_path / "p.toml", config_text(extra='[forge]\nalgorithm = "AES"\n'))
+    assert load_settings(path, env={}).keys.legacy_algorithm == "AES"
+    assert load_settings(path, env={"FORGE_CRYPTO_ALGORITHM": "sm4"}).keys.legacy_algorithm == "SM4"
+    fpc1 = ('[[targets]]\nname = "F"\ntable = "f"\ncolumns = ["phone", "id_card"]\nformat = "fpc1"\n'
+            'legacy_algorithm = { phone = "SM4", id_card = "aes" }\n')
+    s = load_settings(write(tmp_path / "q.toml", config_text() + fpc1), env={})
+    assert s.target("F").legacy_algorithm == {"phone": "SM4", "id_card": "AES"}
+    bad = fpc1.replace('id_card = "aes"', 'address = "AES"')
+    with pytest.raises(ConfigError, match=r"^[^\n]*legacy_algorithm names column address"):
+        load_settings(write(tmp_path / "r.toml", config_text() + bad), env={})

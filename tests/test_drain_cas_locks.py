@@ -24,7 +24,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.drain import BatchEvent, Drain, DrainOptions, DrainResult
 from pinrotate_core.gate import retire_gate
-from pinrotate_core.schemes.fpc1 import parse_fpc1
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 
 from .test_fpc1_migration import K1, K2, decrypt, fpc1, write_keys
 

@@ -1,11 +1,13 @@
 """``[keys] provider = "forge"``: Forge's own bootstrap file and FORGE_CRYPTO_PERSISTENCE_* environment.
 
 The file is written as Forge's bootstrapper writes it (tests/forge_bootstrap.py: Java's
-``Properties.store`` output, ``=`` escaped); the data set is examples/forge.sql with the rows of
+``Properties.store`` output, ``=`` escaped); the data set is tests/data/fpc1_generic.sql with the rows of
 tests/test_fpc1_migration.py. All keys are random TEST keys made here.
 """
 
 from __future__ import annotations
+
+import base64
 
 import json
 import os
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import javaproperties
 import pytest
 import tomli_w
 
@@ -29,7 +32,7 @@ from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from .forge_bootstrap import P, b64, bootstrap_props, write_bootstrap_file
 from .helpers import assert_secret_free
 from .pinprofile import cli
-from .test_fpc1_migration import DC, EXAMPLES, K1, K2, LC, LEGACY, Forge, decrypt
+from .test_fpc1_migration import DC, K1, K2, LC, LEGACY, TEST_DATA, Forge, decrypt
 
 K_NEW = secrets.token_bytes(16)
 ENV_HISTORY = {  # what an operator adds next to the bootstrap file for an upgraded install (design 003)
@@ -51,7 +54,7 @@ def bootstrap_file(tmp_path: Path, **overrides: str) -> Path:
 
 
 def config_dict(database_url: str, path: Path | None, **keys: Any) -> dict[str, Any]:
-    raw = tomllib.loads((EXAMPLES / "forge.toml").read_text(encoding="utf-8"))
+    raw = tomllib.loads((TEST_DATA / "fpc1_generic.toml").read_text(encoding="utf-8"))
     raw["database"] = {"url": database_url}
     raw["keys"] = {"provider": "forge", **({"file": str(path)} if path else {}), **keys}
     raw["job"].update(batch_size=2, inter_batch_delay=0)
@@ -78,7 +81,9 @@ def test_a_file_written_by_forges_bootstrapper_gives_its_active_key_and_switches
     assert b"\\=\\=" in path.read_bytes()  # Java escaped the base64 padding; the library must undo it
     ring = ForgeKeyProvider(path).load_keyring()
     assert ring.current == "k2" and ring.ids() == ["k2"] and ring.keys["k2"].material == K2
-    assert ring.legacy is None
+    # No legacy-key: Forge reads legacy values with the transport key, and so does pinrotate.
+    transport = base64.b64decode(javaproperties.loads(path.read_bytes().decode("latin-1"))["forge.crypto.secret-key"])
+    assert ring.legacy is not None and ring.legacy.material == transport
     assert ring.policy is not None
     assert (ring.policy.enabled, ring.policy.write_versioned, ring.policy.legacy_read_enabled) == (True, True, False)
     assert ring.source == f"forge {path}"

@@ -1,6 +1,6 @@
 """The fpc1 migration path on real PostgreSQL: inventory, dry run, compare-and-swap run, retire gate.
 
-Schema and configuration are examples/forge.sql and examples/forge.toml. All keys are random TEST
+Schema and configuration are tests/data/fpc1_generic.sql and tests/data/fpc1_generic.toml. All keys are random TEST
 keys made here. Concurrent edits are made deterministic by the drain's ``before_write`` hook
 (between a batch's read and its write), never by sleeping.
 """
@@ -21,7 +21,6 @@ import psycopg
 import pytest
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from psycopg import sql
 
 from pinrotate_core import rotation
@@ -32,36 +31,38 @@ from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.base import ValueClass
-from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet, classify_value, length_after, parse_fpc1
+from pinrotate_core.schemes.fpc1_values import classify_value, length_after, parse_fpc1
 from pinrotate_core.scope import live_condition
 
 from .helpers import assert_secret_free
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TEST_DATA = Path(__file__).resolve().parent / "data"
 K1 = secrets.token_bytes(16)
 K2 = secrets.token_bytes(16)
-LEGACY = secrets.token_bytes(32)
+LEGACY = secrets.token_bytes(16)
 DC, LC = "DataConnection", "LowcodeConfig"
 
 
 # --- values and keys ----------------------------------------------------------------------------
 
 
-def fpc1(key_id: str, material: bytes, plaintext: bytes, algorithm: str = "AES-GCM") -> str:
-    ring = Keyring(current=key_id, keys={key_id: Key(key_id, material)}, source="test")
-    return Fpc1CipherSet(ring, algorithm=algorithm).encrypt_current(plaintext)
+def fpc1(key_id: str, material: bytes, plaintext: bytes, algorithm: str = "SM4") -> str:
+    """As Forge writes it (SM4 or AES, ECB/PKCS#7, base64), by this file's own ECB code."""
+    return f"FPC1:{algorithm}:{key_id}:{ecb(algorithm, material, plaintext)}"
 
 
-def legacy_gcm(plaintext: bytes, key: bytes = LEGACY) -> str:
-    nonce = secrets.token_bytes(12)
-    return base64.b64encode(nonce + AESGCM(key).encrypt(nonce, plaintext, None)).decode()
-
-
-def legacy_ecb(plaintext: bytes, key: bytes = LEGACY) -> str:
+def ecb(algorithm: str, key: bytes, plaintext: bytes) -> str:
     padder = padding.PKCS7(128).padder()
     padded = padder.update(plaintext) + padder.finalize()
-    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    block = algorithms.SM4(key) if algorithm == "SM4" else algorithms.AES(key)
+    enc = Cipher(block, modes.ECB()).encryptor()
     return base64.b64encode(enc.update(padded) + enc.finalize()).decode()
+
+
+def legacy_ecb(plaintext: bytes, key: bytes = LEGACY, algorithm: str = "SM4") -> str:
+    """A legacy value as Forge writes it with write-versioned = false: the bare payload."""
+    return ecb(algorithm, key, plaintext)
 
 
 def tampered(value: str) -> str:
@@ -88,12 +89,24 @@ def ring() -> Keyring:
                    legacy=Key("legacy", LEGACY))
 
 
-def decrypt(value: str) -> bytes:
-    return Fpc1CipherSet(ring(), legacy_read_enabled=True).decrypt(value)
+def decrypt(value: str, legacy_algorithm: str = "SM4") -> bytes:
+    """What Forge reads from ``value`` (its header rules, ECB/PKCS#7), by this file's own code."""
+    if value.startswith("FPC1:"):
+        _, algorithm, key_id, payload = value.split(":", 3)
+        return unecb(algorithm.upper(), {"k1": K1, "k2": K2}[key_id], payload)
+    return unecb(legacy_algorithm, LEGACY, value)
+
+
+def unecb(algorithm: str, key: bytes, payload: str) -> bytes:
+    block = algorithms.SM4(key) if algorithm == "SM4" else algorithms.AES(key)
+    dec = Cipher(block, modes.ECB()).decryptor()
+    padded = dec.update(base64.b64decode(payload, validate=True)) + dec.finalize()
+    unpadder = padding.PKCS7(128).unpadder()
+    return unpadder.update(padded) + unpadder.finalize()
 
 
 def forge_settings(database_url: str, keys_file: Path, **keys: Any) -> Settings:
-    raw = tomllib.loads((EXAMPLES / "forge.toml").read_text(encoding="utf-8"))
+    raw = tomllib.loads((TEST_DATA / "fpc1_generic.toml").read_text(encoding="utf-8"))
     raw["database"] = {"url": database_url}
     raw["keys"]["file"] = str(keys_file)
     raw["keys"].update(keys)
@@ -115,12 +128,12 @@ def custom_settings(database_url: str, keys_file: Path, target: dict[str, Any], 
 
 
 class Forge:
-    """examples/forge.sql with a known set of rows; remembers every plaintext by (table, id, field)."""
+    """tests/data/fpc1_generic.sql with a known set of rows; remembers every plaintext by (table, id, field)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], algorithm: str = "AES-GCM") -> None:
+    def __init__(self, conn: psycopg.Connection[Any], algorithm: str = "SM4") -> None:
         self.conn = conn
         self.plain: dict[tuple[str, int, str], bytes] = {}
-        conn.execute((EXAMPLES / "forge.sql").read_text(encoding="utf-8"))
+        conn.execute((TEST_DATA / "fpc1_generic.sql").read_text(encoding="utf-8"))
         a = algorithm
         self.dc_rows: dict[int, tuple[int, bool, str | None]] = {
             # id: (tenant, deleted, password)
@@ -149,11 +162,11 @@ class Forge:
                          "VALUES (%s, %s, %s, %s, %s, '2020-01-01T00:00:00Z')",
                          (row_id, tenant, deleted, f"form{row_id}", json.dumps(doc, indent=1)))
 
-    def _v(self, table: str, row_id: int, field: str, key: str, algorithm: str = "AES-GCM") -> str:
+    def _v(self, table: str, row_id: int, field: str, key: str, algorithm: str = "SM4") -> str:
         plaintext = f"secret {table}{row_id}{field} пароль {secrets.token_hex(4)}".encode()
         self.plain[(table, row_id, field)] = plaintext
         if key == "legacy":
-            return legacy_gcm(plaintext)
+            return legacy_ecb(plaintext)
         return fpc1(key, {"k1": K1, "k2": K2}[key], plaintext, algorithm)
 
     def snapshot(self) -> list[tuple[Any, ...]]:
@@ -188,7 +201,7 @@ def report_counts(report: rotation.RunReport) -> dict[str, dict[str, Any]]:
 # --- round trips --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algorithm", ["AES-GCM", "SM4-GCM"])
+@pytest.mark.parametrize("algorithm", ["SM4", "AES"])
 def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_same(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, algorithm: str) -> None:
     forge = Forge(pg_conn, algorithm)
@@ -207,8 +220,8 @@ def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_s
         assert value is not None
         parsed = parse_fpc1(value)
         assert parsed.key_id == "k2"
-        # An FPC1 value keeps its algorithm; a legacy value becomes AES-GCM.
-        assert parsed.algorithm == ("AES-GCM" if row_id in (1, 7) else algorithm)
+        # An FPC1 value keeps its algorithm; a legacy value takes its column's (Forge's default SM4).
+        assert parsed.algorithm == ("SM4" if row_id in (1, 7) else algorithm)
         assert decrypt(value) == forge.plain[("dc", row_id, "password")]
     assert forge.password(6) is None
     assert forge.password(5) == forge.dc_rows[5][2]  # soft-deleted: untouched
@@ -283,7 +296,8 @@ def test_dry_run_writes_nothing_and_reports_the_counts_of_the_real_run(
     assert dry.dry_run and dry.exit_code == rotation.EXIT_FAIL_CLOSED  # the real run would fail closed too
     real = rotation.run_rotation(settings, expected_key="k2")
     assert report_counts(dry) == report_counts(real)
-    assert report_counts(real)[DC]["reencrypted"] == 4 and report_counts(real)[DC]["failed"] == 2
+    # The tampered k1 value holds back every k1 value (ECB: no tag); the legacy values move.
+    assert report_counts(real)[DC]["reencrypted"] == 2 and report_counts(real)[DC]["failed"] == 2
     assert real.exit_code == rotation.EXIT_FAIL_CLOSED
 
 
@@ -306,7 +320,7 @@ def test_fpc1_targets_drain_with_several_workers_like_the_others(
     row-locked schemes: the same counts as one worker, every value on the active key."""
     forge = Forge(pg_conn)
     write_keys(keys_file)
-    raw = tomllib.loads((EXAMPLES / "forge.toml").read_text(encoding="utf-8"))
+    raw = tomllib.loads((TEST_DATA / "fpc1_generic.toml").read_text(encoding="utf-8"))
     raw["database"] = {"url": database_url}
     raw["keys"]["file"] = str(keys_file)
     raw["job"].update(batch_size=1, inter_batch_delay=0, max_degree_of_parallelism=3)
@@ -499,7 +513,7 @@ BLOCKED_CASES = {
                               "tenant column tenant_id does not exist"),
     "missing soft-delete column": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)", {"soft_delete": "deleted"},
                                    "soft_delete column deleted does not exist"),
-    "column too narrow": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(100))", {}, "too narrow"),
+    "column too narrow": ("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(75))", {}, "too narrow"),
 }
 
 
@@ -509,10 +523,10 @@ def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_ru
     ddl, target, reason = BLOCKED_CASES[cause]
     pg_conn.execute(ddl)
     if cause != "missing table":
-        # 40 bytes of plaintext: 92 base64 characters as legacy, 108 once FPC1 under "k2".
+        # 40 bytes of plaintext: 48 padded bytes, 64 base64 characters as legacy, 76 once FPC1:SM4 under "k2".
         pg_conn.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)" if "composite" not in cause else
                         "INSERT INTO creds (id, k, pw) VALUES (1, 1, %s), (2, 1, %s)",
-                        (legacy_gcm(b"x" * 40), fpc1("k1", K1, b"short")))
+                        (legacy_ecb(b"x" * 40), fpc1("k1", K1, b"short")))
     write_keys(keys_file)
     settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], **target})
     before = pg_conn.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds").fetchall()
@@ -533,7 +547,7 @@ def test_a_read_only_connection_refuses_the_run_but_inventory_and_gate_read_thro
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)")
     pg_conn.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)",
-                    (legacy_gcm(b"x" * 40), fpc1("k1", K1, b"short")))
+                    (legacy_ecb(b"x" * 40), fpc1("k1", K1, b"short")))
     pg_conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(
         sql.Identifier(pg_conn.info.dbname)))
     write_keys(keys_file)
@@ -551,35 +565,30 @@ def test_a_read_only_connection_refuses_the_run_but_inventory_and_gate_read_thro
 
 def test_a_column_wide_enough_for_every_new_value_is_not_blocked(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(108))")
-    pg_conn.execute("INSERT INTO creds VALUES (1, %s)", (legacy_gcm(b"x" * 40),))
+    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(76))")
+    pg_conn.execute("INSERT INTO creds VALUES (1, %s)", (legacy_ecb(b"x" * 40),))
     write_keys(keys_file)
     settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"]})
     assert rotation.inventory(settings).targets["T"].counts["BLOCKED"] == 0
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.exit_code == 0 and report.targets["T"].reencrypted == 1
     row = pg_conn.execute("SELECT length(pw) FROM creds").fetchone()
-    assert row == (108,)
+    assert row == (76,)
 
 
-@pytest.mark.parametrize("legacy_format", ["aesgcm-b64", "aes-ecb-b64"])
+@pytest.mark.parametrize("algorithm", ["SM4", "AES"])
 @pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 40, 255])
-def test_length_after_migration_is_known_from_the_stored_value(legacy_format: str, size: int) -> None:
+def test_length_after_migration_is_known_from_the_stored_value(algorithm: str, size: int) -> None:
     keyring = ring()
-    # Binary plaintexts: legacy_plaintext = "bytes" (the utf8 default would refuse them under ECB).
-    ciphers = Fpc1CipherSet(keyring, legacy_format=legacy_format, legacy_read_enabled=True, legacy_plaintext="bytes")
-    plaintext = secrets.token_bytes(size)
-    for stored in (legacy_gcm(plaintext) if legacy_format == "aesgcm-b64" else legacy_ecb(plaintext),
-                   fpc1("k1", K1, plaintext, "SM4-GCM")):
-        value = classify_value(stored, keyring, legacy_format)  # type: ignore[arg-type]
-        predicted = length_after(stored, value, "k2", legacy_format)  # type: ignore[arg-type]
-        actual = len(ciphers.reencrypt_to_current(stored))
-        assert predicted is not None
-        if value.category == "LEGACY" and legacy_format == "aes-ecb-b64":
-            assert actual <= predicted <= actual + 20  # padding hides up to 15 bytes: a bound
-        else:
-            assert predicted == actual
-    assert length_after("garbage", ValueClass("UNKNOWN"), "k2", legacy_format) is None  # type: ignore[arg-type]
+    plaintext = ("я" * size).encode()[:size] if size % 2 == 0 else b"a" * size
+    for stored in (legacy_ecb(plaintext, algorithm=algorithm), fpc1("k1", K1, plaintext, algorithm),
+                   "FPC1:" + algorithm + ":k1:" + base64.b64decode(ecb(algorithm, K1, plaintext)).hex()):
+        value = classify_value(stored, keyring)
+        predicted = length_after(stored, value, "k2")
+        # What Forge's reencrypt writes: FPC1, the value's algorithm, the active key, base64.
+        actual = len(fpc1("k2", K2, plaintext, algorithm))
+        assert predicted == actual
+    assert length_after("garbage", ValueClass("UNKNOWN"), "k2") is None
 
 
 # --- UNKNOWN, UNKNOWN_KEY, FAILED ---------------------------------------------------------------
@@ -609,7 +618,10 @@ def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED
     dc = report.targets[DC]
     assert isinstance(dc, DrainResult)
-    assert (dc.unknown, dc.unknown_key, dc.reencrypted) == (1, 1, 4)
+    # ECB has no tag: the k1 value whose padding fails holds back every k1 value (2 and 4 stay on
+    # k1, counted key_held); the legacy values (1, 7) move.
+    assert (dc.unknown, dc.unknown_key, dc.reencrypted, dc.counts["key_held"]) == (1, 1, 2, 2)
+    assert forge.password(2) == forge.dc_rows[2][2] and forge.password(4) == forge.dc_rows[4][2]
     assert [(f.id, f.columns, f.reason) for f in dc.failed] == [
         ("11", ("password",), "unknown_key"), ("12", ("password",), "decrypt_failed")]
     assert forge.password(10) == "plain text password"
@@ -624,8 +636,10 @@ def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails
 
 def test_in_a_row_with_two_stale_fields_each_value_is_decided_on_its_own(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    """Each value alone: the good one (legacy) moves, the bad one (k1, its padding fails) is FAILED.
+    (Its key k1 is held back for the run: no k1 value would move; the legacy key is not.)"""
     pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, a text, b text)")
-    good = fpc1("k1", K1, b"fine")
+    good = legacy_ecb(b"fine")
     bad = tampered(fpc1("k1", K1, b"broken"))
     pg_conn.execute("INSERT INTO creds VALUES (1, %s, %s)", (good, bad))
     write_keys(keys_file)
@@ -747,7 +761,7 @@ def test_first_run_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_inve
     inv = rotation.inventory(settings)
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", keyring.current) and inv.current_key == keyring.current
     assert [len(k.material) for k in keyring.keys.values()] == [16]
-    value = Fpc1CipherSet(keyring).encrypt_current(b"first password")
+    value = fpc1(keyring.current, keyring.keys[keyring.current].material, b"first password")
     pg_conn.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES (1, 1, 'c', %s)", (value,))
     report = rotation.run_rotation(settings, expected_key=keyring.current)
     assert report.exit_code == 0 and report.targets[DC].reencrypted == 0

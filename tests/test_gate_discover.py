@@ -43,7 +43,7 @@ def fpc1_keyring(current: str) -> Keyring:
 
 
 def fpc1_value(key_id: str, plaintext: bytes = b"a TEST secret") -> str:
-    return Fpc1CipherSet(fpc1_keyring(key_id)).encrypt_current(plaintext)
+    return Fpc1CipherSet(fpc1_keyring(key_id)).encrypt_current("SM4", plaintext)
 
 
 def fpc1_settings(url: str, keys_file: Path, *, skip: tuple[str, ...] = (), **target: Any) -> Settings:

@@ -15,17 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings
 from pinrotate_core.gate import retire_gate
-from pinrotate_core.keyring import Key, Keyring
-from pinrotate_core.schemes.fpc1_values import Fpc1CipherSet, parse_fpc1
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 
-from .test_fpc1_migration import K1, K2, custom_settings, legacy_ecb, write_keys
+from .test_fpc1_migration import K2, custom_settings, legacy_ecb, unecb, write_keys
 
 SEED = 9_2024
 GENUINE = 20
@@ -60,8 +58,8 @@ class EcbDataSet:
         self.genuine = {i: f"пароль {i} {rng.randbytes(6).hex()}".encode() for i in range(1, GENUINE + 1)}
         foreign_plain = {i: f"other service {i}: {rng.randbytes(rng.randrange(1, 20)).hex()}".encode()
                          for i in range(GENUINE + 1, GENUINE + FOREIGN + 1)}
-        self.values = {i: legacy_ecb(p, self.legacy_key) for i, p in self.genuine.items()}
-        self.values |= {i: legacy_ecb(p, foreign_key) for i, p in foreign_plain.items()}
+        self.values = {i: legacy_ecb(p, self.legacy_key, "AES") for i, p in self.genuine.items()}
+        self.values |= {i: legacy_ecb(p, foreign_key, "AES") for i, p in foreign_plain.items()}
         self.foreign_ids = sorted(foreign_plain)
         conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw text)")
         conn.cursor().executemany("INSERT INTO creds VALUES (%s, %s)", sorted(self.values.items()))
@@ -73,68 +71,67 @@ class EcbDataSet:
 
     def settings(self, database_url: str, keys_file: Path, **keys: Any) -> Settings:
         write_keys(keys_file, legacy=self.legacy_key)
-        s = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"]},
-                            legacy_format="aes-ecb-b64", **keys)
+        s = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], "legacy_algorithm": "AES"},
+                            **keys)
         return s.model_copy(update={"job": s.job.model_copy(update={"batch_size": 200})})
 
     def stored(self) -> dict[int, str]:
         return {int(r[0]): str(r[1]) for r in self.conn.execute("SELECT id, pw FROM creds")}
 
 
-def test_foreign_ecb_values_are_failed_never_rewritten_and_keep_the_legacy_gate_closed(
+def test_foreign_ecb_values_hold_back_every_legacy_value_and_keep_the_legacy_gate_closed(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     data = EcbDataSet(pg_conn)
     # The trap is real in this data set: some foreign values pass the padding check; none is UTF-8.
     assert len(data.padding_only) >= 1 and data.utf8_too == []
     settings = data.settings(database_url, keys_file)
-    assert settings.keys.legacy_plaintext == "utf8"  # the default
+    before = data.stored()
 
     deep = rotation.inventory(settings, deep=True).targets["T"]
     assert deep.counts["LEGACY"] == GENUINE + FOREIGN
     assert deep.counts["FAILED"] == FOREIGN and deep.failed_by_key == {"legacy": FOREIGN}
 
+    dry = rotation.run_rotation(settings, dry_run=True)
     report = rotation.run_rotation(settings, expected_key="k2")
 
-    assert report.exit_code == rotation.EXIT_FAIL_CLOSED
+    assert report.exit_code == rotation.EXIT_FAIL_CLOSED == dry.exit_code
     result = report.targets["T"]
-    assert result.reencrypted == GENUINE and result.conflicts == 0
+    # All or nothing per key: not one legacy value is rewritten, the genuine ones included.
+    assert result.reencrypted == 0 == dry.targets["T"].reencrypted and result.conflicts == 0
+    assert result.counts["key_held"] == GENUINE
     assert [(int(f.id), f.reason) for f in result.failed] == [(i, "decrypt_failed") for i in data.foreign_ids]
-    after = data.stored()
-    assert {i: after[i] for i in data.foreign_ids} == {i: data.values[i] for i in data.foreign_ids}  # byte-identical
-    ring = Keyring(current="k2", keys={"k1": Key("k1", K1), "k2": Key("k2", K2)}, source="test",
-                   legacy=Key("legacy", data.legacy_key))
-    ciphers = Fpc1CipherSet(ring)
-    for i, plaintext in data.genuine.items():
-        assert parse_fpc1(after[i]).key_id == "k2" and ciphers.decrypt(after[i]) == plaintext
+    assert data.stored() == before  # byte-identical, every row
 
-    deep = rotation.inventory(settings, deep=True).targets["T"]
-    assert (deep.counts["ACTIVE"], deep.counts["LEGACY"], deep.counts["FAILED"]) == (GENUINE, FOREIGN, FOREIGN)
     gate = retire_gate(settings, "legacy")
-    assert not gate.open and gate.blocking["FAILED"] == FOREIGN and gate.blocking["LEGACY"] == FOREIGN
+    assert not gate.open and gate.blocking["FAILED"] == FOREIGN and gate.blocking["LEGACY"] == GENUINE + FOREIGN
+
+    # Once the foreign values are dealt with by a person, the genuine ones move, to what Forge reads.
+    pg_conn.execute("UPDATE creds SET pw = NULL WHERE id > %s", (GENUINE,))
+    again = rotation.run_rotation(settings, expected_key="k2")
+    assert again.exit_code == 0 and again.targets["T"].reencrypted == GENUINE
+    after = data.stored()
+    for i, plaintext in data.genuine.items():
+        value = parse_fpc1(after[i])
+        assert (value.algorithm, value.key_id) == ("AES", "k2") and unecb("AES", K2, value.payload) == plaintext
 
 
-def test_legacy_plaintext_bytes_trusts_the_padding_alone(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    """Documented behaviour of ``legacy_plaintext = "bytes"`` (binary plaintexts): every value with
-    valid padding counts as decrypted, foreign ones included; a run would rewrite them as garbage."""
-    data = EcbDataSet(pg_conn)
-    settings = data.settings(database_url, keys_file, legacy_plaintext="bytes")
-    before = data.stored()
-
-    deep = rotation.inventory(settings, deep=True).targets["T"]
-    assert deep.counts["FAILED"] == FOREIGN - len(data.padding_only)
-
-    dry = rotation.run_rotation(settings, dry_run=True)
-    assert dry.targets["T"].reencrypted == GENUINE + len(data.padding_only)
-    assert sorted(int(f.id) for f in dry.targets["T"].failed) == sorted(set(data.foreign_ids) - set(data.padding_only))
-    assert data.stored() == before
-
-
-@pytest.mark.parametrize("mode", ["utf8", "bytes"])
 def test_inventory_deep_and_the_run_read_ecb_values_the_same_way(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, mode: str) -> None:
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     data = EcbDataSet(pg_conn)
-    settings = data.settings(database_url, keys_file, legacy_plaintext=mode)
+    settings = data.settings(database_url, keys_file)
     deep = rotation.inventory(settings, deep=True).targets["T"]
     dry = rotation.run_rotation(settings, dry_run=True).targets["T"]
     assert deep.counts["FAILED"] == len(dry.failed)
+
+
+def test_with_legacy_reading_off_legacy_values_are_left_alone_and_not_held_against_the_run(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    data = EcbDataSet(pg_conn)
+    settings = data.settings(database_url, keys_file, legacy_read_enabled=False)
+    before = data.stored()
+    report = rotation.run_rotation(settings, expected_key="k2")
+    result = report.targets["T"]
+    assert report.exit_code == rotation.EXIT_OK and result.failed == []
+    assert result.legacy_left == GENUINE + FOREIGN and result.reencrypted == 0
+    assert data.stored() == before
+    assert not retire_gate(settings, "legacy").open

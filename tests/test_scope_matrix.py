@@ -205,8 +205,8 @@ class Fpc1World(FileKeysWorld):
         super().__init__(keys_file, 16)
 
     def encrypt(self, old: list[bytes], current: list[bytes]) -> tuple[list[Any], list[Any]]:
-        return ([Fpc1CipherSet(self.ring_on(self.old_key)).encrypt_current(p) for p in old],
-                [Fpc1CipherSet(self.ring).encrypt_current(p) for p in current])
+        return ([Fpc1CipherSet(self.ring_on(self.old_key)).encrypt_current("SM4", p) for p in old],
+                [Fpc1CipherSet(self.ring).encrypt_current("SM4", p) for p in current])
 
     def decrypt(self, row: dict[str, Any], column: str) -> bytes:
         return Fpc1CipherSet(self.ring).decrypt(row[column])
@@ -315,7 +315,7 @@ def build_case(world: World, rule: str, database_url: str, conn: psycopg.Connect
     plain: dict[tuple[int, str], bytes] = {}
     for s in specs:
         for column in ("a", "b") if s.b_present else ("a",):
-            plain[(s.id, column)] = f"{world.scheme} {rule} {s.id}{column} ".encode() + secrets.token_bytes(5)
+            plain[(s.id, column)] = f"{world.scheme} {rule} {s.id}{column} ".encode() + secrets.token_hex(5).encode()  # text: Forge encrypts strings
     old = [k for k in plain if next(s for s in specs if s.id == k[0]).on_old_key]
     cur = [k for k in plain if k not in old]
     old_values, cur_values = world.encrypt([plain[k] for k in old], [plain[k] for k in cur])

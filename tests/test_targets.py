@@ -330,7 +330,7 @@ def test_triggers_disable_also_holds_for_the_fpc1_compare_and_swap_writes(
                     f"updated_at timestamptz NOT NULL DEFAULT '{TOUCHED_AT}')")
     pg_conn.execute("CREATE TABLE people_audit (id bigserial PRIMARY KEY, person_id bigint NOT NULL)")
     pg_conn.cursor().executemany("INSERT INTO people (id, secret) VALUES (%s, %s)",
-                                 [(i, old.encrypt_current(f"s{i}".encode())) for i in range(1, ROWS + 1)])
+                                 [(i, old.encrypt_current("SM4", f"s{i}".encode())) for i in range(1, ROWS + 1)])
     add_touch_and_audit_triggers(pg_conn)
     raw = {"database": {"url": database_url}, "keys": {"provider": "file", "file": str(keys_file)},
            "job": {"batch_size": 5, "inter_batch_delay": 0},
@@ -342,6 +342,6 @@ def test_triggers_disable_also_holds_for_the_fpc1_compare_and_swap_writes(
     report = rotation.run_rotation(settings_from_mapping(raw, env={}), expected_key="k2")
 
     assert report.exit_code == 0 and report.targets[PEOPLE].reencrypted == ROWS
-    assert pg_conn.execute("SELECT count(*) FROM people WHERE secret LIKE 'FPC1:AES-GCM:k2:%%'").fetchone() == (ROWS,)
+    assert pg_conn.execute("SELECT count(*) FROM people WHERE secret LIKE 'FPC1:SM4:k2:%%'").fetchone() == (ROWS,)
     assert pg_conn.execute("SELECT count(*) FROM people WHERE updated_at = %s", (TOUCHED_AT,)).fetchone() == (ROWS,)
     assert audit_rows(pg_conn) == 0

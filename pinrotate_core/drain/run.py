@@ -18,6 +18,7 @@ from ..errors import DatabaseError
 from ..log import log_event
 from ..schemes.base import Scheme
 from .counting import BacklogCounter
+from .fpc1_precheck import HoldsFailingKeys, hold_failing_keys
 from .guard_cas import CasGuard
 from .guard_version import VersionGuard
 from .guards import Guard
@@ -43,7 +44,7 @@ class Drain:
         self.target = scheme.target
         self.options = options
         self.tally = Tally()
-        selection = Selection(scheme, options.tenant)
+        self.selection = selection = Selection(scheme, options.tenant)
         self.guard: Guard = GUARDS[scheme.guard](scheme, selection, options.dry_run)
         self.counter = BacklogCounter(scheme, selection, options.id_range)
         self.planner = ShardPlanner(selection, options.id_range, options.run_id)
@@ -61,6 +62,8 @@ class Drain:
         try:
             with raw_connection(self.engine) as conn, read_only_when(conn, opts.dry_run):
                 result.backlog_before = opts.planned_backlog or self.count_backlog(conn)
+                if result.backlog_before and isinstance(self.scheme, HoldsFailingKeys):  # no integrity: check first
+                    hold_failing_keys(conn, self.scheme, self.selection, opts.id_range, self.tally, opts.run_id)
                 bounds = (self.planner.range_bounds(conn, opts.workers, result.backlog_before)
                           if opts.workers > 1 and result.backlog_before else [])
         except (psycopg.Error, DatabaseError) as e:

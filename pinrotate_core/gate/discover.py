@@ -22,6 +22,7 @@ from psycopg import sql
 from ..config import Settings
 from ..db import database_url, describe_db_error, make_engine, raw_connection
 from ..errors import DatabaseError
+from ..forge_discovery import with_forge_targets
 from ..keyring import Keyring, is_version
 from ..log import log_event
 from ..providers import build_provider
@@ -82,7 +83,7 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
     """
     started = time.monotonic()
     discovery = Discovery(server_side=keyring.server_side)
-    keys = None if keyring.server_side else SampleKeys(keyring, settings.keys.legacy_format)
+    keys = None if keyring.server_side else SampleKeys(keyring)
     set_lock_timeout = sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT))
     try:
         plan = plan_sweep(conn, settings)
@@ -124,6 +125,7 @@ def discover(settings: Settings) -> Discovery:
     keyring = build_provider(settings).load_keyring()
     engine = make_engine(database_url(settings), pool_size=1)
     try:
+        settings = with_forge_targets(settings, engine)  # Forge's own tables are targets, not finds
         return discover_outside_targets(engine, settings, keyring)
     finally:
         engine.dispose()

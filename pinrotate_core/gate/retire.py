@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from ..config import Settings, TargetSettings
 from ..db import database_identity, database_url, make_engine
 from ..errors import DatabaseError
+from ..forge_discovery import with_forge_targets
 from ..inventory import Inventory, take_inventory
 from ..key_checks import confirm_key_identity
 from ..keyring import Keyring
@@ -55,11 +56,16 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     (``KeyNotRetirable``, exit 2). An open verdict is given only once it is settled
     (``settle.settle_open_verdict``; what was waited for is in ``report.durability``).
     """
-    check_tenant_scope(settings.targets, tenant)
-    provider = build_provider(settings)
-    keyring = provider.load_keyring()
-    check_retire_key(keyring, key)
     engine = make_engine(database_url(settings), pool_size=2)
+    try:
+        settings = with_forge_targets(settings, engine)  # a low-code config added since is inside the gate
+        check_tenant_scope(settings.targets, tenant)
+        provider = build_provider(settings)
+        keyring = provider.load_keyring()
+        check_retire_key(keyring, key)
+    except BaseException:
+        engine.dispose()
+        raise
     part = None
     try:
         # A keyring whose key of some id is not the one recorded for it is refused (exit 2); a gate only compares.

@@ -15,12 +15,13 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg import sql
 
+from .._primitives import EcbPkcs7
 from ..errors import CiphertextInvalid
 from ..keyring import Keyring
 from ..schemes._json_paths import parse_json_path
 from ..schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
 from ..schemes.base import LEGACY_KEY
-from ..schemes.fpc1_values import LegacyCipher
+from ..schemes.fpc1_values import decrypt_text
 from .sweep_plan import SweptTable
 
 # A key id after any "FPC1:<algorithm>:" (algorithms beyond the two known ones too: fail closed), or a
@@ -153,13 +154,15 @@ def json_path_counts(conn: psycopg.Connection[Any], table: SweptTable, server_si
 
 
 class SampleKeys:
-    """Tries the keyring's local keys (and an ``aesgcm-b64`` legacy key) on sampled values."""
+    """Tries the keyring's local keys (and the legacy key, as Forge's SM4 and AES legacy values) on sampled values."""
 
-    def __init__(self, keyring: Keyring, legacy_format: str) -> None:
+    def __init__(self, keyring: Keyring) -> None:
         self.ciphers = AesGcmCipherSet(keyring)
         self.ids = keyring.ids()
-        self.legacy = (LegacyCipher(keyring.legacy, "aesgcm-b64")
-                       if keyring.legacy is not None and legacy_format == "aesgcm-b64" else None)
+        self.legacy: list[EcbPkcs7] = []
+        if keyring.legacy is not None:
+            material = keyring.legacy.material
+            self.legacy = [EcbPkcs7("AES", material)] + ([EcbPkcs7("SM4", material)] if len(material) == 16 else [])
 
     def key_of(self, blob: bytes) -> str | None:
         for key_id in self.ids:
@@ -168,12 +171,13 @@ class SampleKeys:
                 return key_id
             except CiphertextInvalid:
                 continue
-        if self.legacy is not None:
+        for cipher in self.legacy:
+            # ECB has no tag: a find needs valid padding and UTF-8 text, which random bytes almost never give.
             try:
-                self.legacy.decrypt_blob(blob)
+                decrypt_text(cipher, blob)
                 return LEGACY_KEY
             except CiphertextInvalid:
-                pass
+                continue
         return None
 
 

@@ -3,7 +3,8 @@
 Forge's bootstrap file (a Java properties file) overlaid with ``FORGE_CRYPTO_PERSISTENCE_*``
 environment variables, with Forge's precedence (environment over file) and Forge's validation.
 Read-only: the file is parsed by ``javaproperties`` and never written, created, locked or moved.
-The transport key (``forge.crypto.secret-key``) is not data at rest: it is allowed and ignored.
+Legacy values are read as Forge reads them: with ``legacy-key``, else with the transport key
+``forge.crypto.secret-key`` (file, or ``FORGE_CRYPTO_SECRET_KEY``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from ._material import decode_key, read_private_file
 DEFAULT_FILE = "~/.forge/secrets/crypto.properties"
 FILE_ENV = "FORGE_CRYPTO_BOOTSTRAP_FILE"
 PERSISTENCE = "forge.crypto.persistence."
+SECRET_KEY = "forge.crypto.secret-key"
+SECRET_KEY_ENV = "FORGE_CRYPTO_SECRET_KEY"
+TRANSPORT = "transport-key"  # where the transport key is kept among the settings read
 ENV_PREFIX = "FORGE_CRYPTO_PERSISTENCE_"
 KEYS_PREFIX = "keys."
 ENV_KEYS_PREFIX = "KEYS_"
@@ -129,9 +133,12 @@ class ForgeKeyProvider:
         return out
 
     def _file_setting(self, out: dict[str, _Setting], name: str, value: str, line: int) -> None:
-        if name == "forge.crypto.secret-key" or name.startswith("forge.crypto.bootstrap."):
-            return  # the transport key and the bootstrapper's own switches: not data at rest
         where = f"{self.path}: line {line}"
+        if name == SECRET_KEY:  # the transport key: Forge reads legacy values with it when legacy-key is unset
+            out[TRANSPORT] = _Setting(value, f"{where}: {SECRET_KEY}")
+            return
+        if name.startswith("forge.crypto.bootstrap."):
+            return  # the bootstrapper's own switches
         rest = name[len(PERSISTENCE):] if name.startswith(PERSISTENCE) else None
         if rest in SETTINGS:
             out[rest] = _Setting(value, f"{where}: {name}")
@@ -149,6 +156,9 @@ class ForgeKeyProvider:
     def _overlay_environment(self, settings: dict[str, _Setting], env: Mapping[str, str]) -> list[str]:
         """Environment over file, as in Forge; returns the names of the variables that were used."""
         used: list[str] = []
+        if env.get(SECRET_KEY_ENV, "").strip():
+            settings[TRANSPORT] = _Setting(env[SECRET_KEY_ENV], SECRET_KEY_ENV)
+            used.append(SECRET_KEY_ENV)
         by_variable = {var: setting for setting in SETTINGS for var in env_names(setting)}
         for var in sorted(env):
             value = env[var]
@@ -193,8 +203,10 @@ class ForgeKeyProvider:
                                   f" key of the same id ({active_id.origin})")
             keys[key_id] = key
         legacy = None
-        if "legacy-key" in settings and settings["legacy-key"].value.strip():
-            legacy = decode_key("legacy", settings["legacy-key"].value, where=settings["legacy-key"].origin)
+        for name in ("legacy-key", TRANSPORT):  # as Forge: legacy-key, else the transport key
+            if name in settings and settings[name].value.strip():
+                legacy = decode_key("legacy", settings[name].value, where=settings[name].origin)
+                break
         flags = {name: _bool_flag(settings[name].origin, settings[name].value)
                  for name in ("enabled", "write-versioned", "legacy-read-enabled")}
         for name, flag in flags.items():

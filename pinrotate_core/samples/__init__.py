@@ -7,6 +7,7 @@ holds the sample's tables: it creates them, it never adds to or changes tables t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,9 +17,9 @@ from ..config import Settings
 from ..db import database_url, describe_db_error, make_engine, raw_connection
 from ..errors import ConfigError, DatabaseError
 from ..keyring import Keyring, is_version
-from . import pin_profile
+from . import forge_sample, pin_profile
 
-SAMPLES = ("pin-profile",)
+SAMPLES = ("pin-profile", "forge")
 
 
 def seed_database(settings: Settings, keyring: Keyring, *, rows: int, key_id: str | None = None,
@@ -55,3 +56,33 @@ def _existing_tables(conn: psycopg.Connection[Any]) -> list[str]:
     names = [f"{pin_profile.SCHEMA}.{t}" for t in pin_profile.TABLES]
     query = sql.SQL("SELECT name FROM unnest(%s::text[]) AS name WHERE to_regclass(name) IS NOT NULL ORDER BY 1")
     return [row[0] for row in conn.execute(query, [names]).fetchall()]
+
+
+def seed_forge_sample(settings: Settings, bootstrap_file: Path, *, rows: int) -> forge_sample.ForgeSeedSummary:
+    """Forge's tables (examples/forge.sql) with values as Forge writes them, and a sample Forge
+    bootstrap file at ``bootstrap_file`` (written only where none exists) to read them with.
+
+    Refused (``ConfigError``, nothing written) when Forge's tables exist in the configured database
+    or a bootstrap file exists at ``bootstrap_file``. All the rows in one transaction.
+    """
+    if rows < 1:
+        raise ConfigError("--rows: must be at least 1")
+    engine = make_engine(database_url(settings), pool_size=1)
+    try:
+        with raw_connection(engine) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('pinrotate:seed', 0))")
+            found = forge_sample.existing_tables(conn)
+            if found:
+                raise ConfigError(f"database {conn.info.dbname} already holds {found[0]}: seed loads the sample"
+                                  " only where its tables do not exist yet; nothing was written")
+            keys = forge_sample.write_sample_bootstrap(bootstrap_file)
+            try:
+                counts = forge_sample.seed_forge(conn, keys, rows)
+            except BaseException:
+                bootstrap_file.unlink(missing_ok=True)  # ours, written a moment ago: the seed is all or nothing
+                raise
+            return forge_sample.ForgeSeedSummary(str(bootstrap_file), counts)
+    except psycopg.Error as e:
+        raise DatabaseError(f"cannot seed the sample ({describe_db_error(e)}); nothing was written") from None
+    finally:
+        engine.dispose()

@@ -1,7 +1,7 @@
 """Ciphertext schemes: one module each; ``format = "..."`` names one of them.
 
 - ``aesgcm``: row-versioned AES-GCM (``schemes.aesgcm``).
-- ``fpc1``: self-describing ``FPC1:`` values, legacy forms and JSON fields (``schemes.fpc1``).
+- ``fpc1``: Forge's self-describing ``FPC1:`` values, its legacy values and JSON fields (``schemes.fpc1``).
 - ``vault-transit``: ``vault:v<N>:`` values rewrapped by Transit (``schemes.transit``).
 
 This module is the list of format names and of what a target's settings must say for each: the
@@ -22,11 +22,12 @@ class FormatRules:
 
     needs_key_version: bool = False  # the integer key-version column is required
     json_paths: bool = False  # encrypted fields of json/jsonb columns may be named
+    legacy_values: bool = False  # unversioned legacy values, whose algorithm legacy_algorithm names
 
 # Filled by schemes.registry.register, which adds a scheme's name and rules with its class.
 FORMATS: Final[dict[str, FormatRules]] = {
     "aesgcm": FormatRules(needs_key_version=True),
-    "fpc1": FormatRules(json_paths=True),
+    "fpc1": FormatRules(json_paths=True, legacy_values=True),
     "vault-transit": FormatRules(),
 }
 DEFAULT_FORMAT: Final = "aesgcm"

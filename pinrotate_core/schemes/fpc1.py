@@ -1,22 +1,26 @@
-"""The ``fpc1`` scheme: ``FPC1:<algorithm>:<keyId>:<base64(nonce||ct||tag)>``, its read-only legacy
-forms and its JSON fields.
+"""The ``fpc1`` scheme: Forge's ``FPC1:<SM4|AES>:<keyId>:<payload>`` (ECB/PKCS#7, base64), its
+headerless legacy values and its JSON fields.
 
 Self-describing values: the key id lives in the value, so every value of a row is decided alone
 and counted alone. Rows are read without locks and written with compare-and-swap on the value
-read; a value the application changed meanwhile is a CONFLICT, never overwritten. Legacy values
-(``aesgcm-b64``: nonce || ct || tag; ``aes-ecb-b64``: AES-ECB/PKCS#7, authenticated by nothing
-but its padding and, with ``legacy_plaintext = "utf8"``, its plaintext being UTF-8) are read and
-rewritten as FPC1 ``AES-GCM``; nothing is ever written in a legacy form. No error message here
-contains a value, a plaintext or a key.
+read; a value the application changed meanwhile is a CONFLICT, never overwritten. A value moves to
+the active key with its own algorithm (a legacy value with its column's ``legacy_algorithm``);
+nothing is ever written in a legacy form. ECB has no integrity: a value whose padding or UTF-8
+fails holds back every value of its key (``held``, filled by the drain's pre-pass
+``drain.fpc1_precheck`` and by any batch that meets one), so that a wrong key never turns the odd
+value that happens to unpad into garbage under the new key. No error message here contains a
+value, a plaintext or a key.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, ClassVar, Final
 
 from psycopg import sql
 
+from .._primitives import PaddingInvalid
 from ..config import KeysSettings
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, RefusedToStart, TargetBlocked, VerificationFailed
 from ..keyring import Keyring
@@ -36,22 +40,24 @@ from .base import (
 )
 from .fpc1_values import (
     ALGORITHMS,
+    DEFAULT_ALGORITHM,
     FPC1_OVERHEAD,
     JSON_REWRITE_REFUSED,
     MAX_PAYLOAD_GROWTH,
     PREFIX,
     Algorithm,
     Fpc1CipherSet,
-    LegacyFormat,
-    LegacyPlaintext,
     ValueField,
-    check_legacy_format,
+    check_algorithm,
     classify,
     classify_value,
+    group_of,
     length_after,
-    parse_fpc1,
     values_of_column,
 )
+
+# Why a value whose key is held back is left: another value of its key failed its padding or UTF-8.
+KEY_HELD: Final = "key_held"
 
 # Column types an FPC1 value is stored in: bytea cannot hold it as written, char(n) would pad it with blanks.
 TEXT_TYPES: Final = frozenset({"text", "varchar", "json", "jsonb"})
@@ -61,11 +67,11 @@ class Fpc1Scheme:
     """``fpc1`` bound to one target and the run's keyring (see the module docstring).
 
     Per value, in scope: ACTIVE is skipped (a run can be repeated); HISTORICAL, and LEGACY when
-    ``legacy_read_enabled``, are re-encrypted (an FPC1 value keeps its algorithm, a legacy value
-    becomes ``AES-GCM``); LEGACY with legacy reading off is counted (``legacy_left``) and left
-    alone; UNKNOWN is counted and left alone; UNKNOWN_KEY (or legacy with no legacy key) is a
-    failed row with reason ``unknown_key``; a value that does not decrypt one with
-    ``decrypt_failed``. A JSON column is rewritten once, with every field of it that moves.
+    ``legacy_read_enabled``, are re-encrypted with their own algorithm; LEGACY with legacy reading
+    off is counted (``legacy_left``) and left alone; UNKNOWN is counted and left alone; UNKNOWN_KEY
+    (or legacy with no legacy key) is a failed row with reason ``unknown_key``; a value that does
+    not decrypt one with ``decrypt_failed``; a value whose key is held back (``held``) is counted
+    ``key_held`` and left alone. A JSON column is rewritten once, with every field of it that moves.
     """
 
     name: ClassVar[str] = "fpc1"
@@ -79,14 +85,17 @@ class Fpc1Scheme:
         self.target = target
         self.keyring = keyring
         self.current_key = keyring.current
-        self.legacy_format: LegacyFormat = check_legacy_format(keys.legacy_format)
         self.legacy_read_enabled = keys.legacy_read_enabled
-        self.legacy_plaintext: LegacyPlaintext = keys.legacy_plaintext
+        self.legacy_algorithms = legacy_algorithms(target, keys)
         # Built now: a keyring fpc1 cannot use (bad key length or id) stops the start.
-        self._ciphers: dict[Algorithm, Fpc1CipherSet] = {"AES-GCM": self._cipher_set("AES-GCM")}
+        self.ciphers = Fpc1CipherSet(keyring, legacy_read_enabled=self.legacy_read_enabled)
+        self._deep_ciphers = Fpc1CipherSet(keyring, legacy_read_enabled=True)
         self._paths = {c.name: tuple(target.settings.json_paths.get(c.name, ())) for c in target.columns}
         self._active_prefixes = [f"{PREFIX}:{a}:{keyring.current}:" for a in ALGORITHMS]
-        self._deep_ciphers: Fpc1CipherSet | None = None
+        # Keys (key ids, or "legacy") no value of which this run rewrites: one of their values failed
+        # its padding or UTF-8 (the pre-pass, or any batch since). Shared by the drain's workers.
+        self.held: set[str] = set()
+        self._held_lock = threading.Lock()
 
     @staticmethod
     def check_columns(target: ResolvedTarget) -> str | None:
@@ -100,7 +109,7 @@ class Fpc1Scheme:
     @staticmethod
     def check_keyring(keyring: Keyring, keys: KeysSettings) -> None:
         # 16-byte keys with well-formed ids, or the start stops here rather than in a target's drain.
-        Fpc1CipherSet(keyring, legacy_format=keys.legacy_format)
+        Fpc1CipherSet(keyring)
 
     @staticmethod
     def check_start(keys: KeysSettings, keyring: Keyring, expected_key: str | None) -> None:
@@ -117,11 +126,6 @@ class Fpc1Scheme:
         if expected_key is None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
 
-    def _cipher_set(self, algorithm: Algorithm, *, legacy_read_enabled: bool | None = None) -> Fpc1CipherSet:
-        enabled = self.legacy_read_enabled if legacy_read_enabled is None else legacy_read_enabled
-        return Fpc1CipherSet(self.keyring, algorithm=algorithm, legacy_format=self.legacy_format,
-                             legacy_read_enabled=enabled, legacy_plaintext=self.legacy_plaintext)
-
     def _ref(self, name: str, alias: str | None) -> sql.Identifier:
         return sql.Identifier(alias, name) if alias else sql.Identifier(name)
 
@@ -129,22 +133,47 @@ class Fpc1Scheme:
         return values_of_column(column.name, self._paths[column.name], text)
 
     def classify(self, stored: str | None) -> ValueClass:
-        return UNKNOWN_VALUE if stored is None else classify_value(stored, self.keyring, self.legacy_format)
+        return UNKNOWN_VALUE if stored is None else classify_value(stored, self.keyring)
 
-    def rewrite(self, stored: str, value: ValueClass) -> str:
-        """``stored`` under the active key, verified; FPC1 keeps its algorithm, legacy becomes AES-GCM."""
-        algorithm: Algorithm = parse_fpc1(stored).algorithm if value.category != "LEGACY" else "AES-GCM"
-        ciphers = self._ciphers.get(algorithm)
-        if ciphers is None:
-            try:
-                ciphers = self._ciphers[algorithm] = self._cipher_set(algorithm)
-            except ConfigError as e:  # e.g. an OpenSSL without SM4
-                raise KeyUnavailable(f"target {self.target.name}: {e}", retryable=False) from None
+    def rewrite(self, column: Column, stored: str) -> str:
+        """``stored`` under the active key as Forge's ``reencrypt`` writes it, verified."""
         try:
-            return ciphers.reencrypt_to_current(stored)
+            return self.ciphers.reencrypt_to_current(stored, self.legacy_algorithms[column.name])
         except VerificationFailed:
             raise KeyUnavailable(f"target {self.target.name}: a value re-encrypted under key "
                                  f"{self.keyring.current} did not verify", retryable=False) from None
+
+    def failing_values(self, texts: Sequence[Any]) -> list[tuple[str, str]]:
+        """(label, key) of each value of a row (its column texts) that fails its padding or UTF-8:
+        what the drain's pre-pass (``drain.fpc1_precheck``) holds keys back for."""
+        out: list[tuple[str, str]] = []
+        for column, text in zip(self.target.columns, texts):
+            for value_field, stored in self.values(column, text):
+                key = None if stored is None else group_of(stored)
+                if key is not None and stored is not None and not self.check_value(column, stored):
+                    out.append((value_field.label, key))
+        return out
+
+    def check_value(self, column: Column, stored: str) -> bool:
+        """Does ``stored`` decrypt under its key (padding and UTF-8)? Only a padding or UTF-8 failure
+        is False; other failures (no such key, a misshapen payload) say nothing about the key, and a
+        value this run would not read (legacy, with legacy reading off) is not tried."""
+        try:
+            self.ciphers.decrypt(stored, self.legacy_algorithms[column.name])
+        except PaddingInvalid:
+            return False
+        except (CiphertextInvalid, KeyUnavailable):
+            pass
+        return True
+
+    def hold(self, keys: Collection[str]) -> None:
+        """Rewrite no value of ``keys`` from now on (see ``held``)."""
+        with self._held_lock:
+            self.held.update(keys)
+
+    def is_held(self, key: str | None) -> bool:
+        with self._held_lock:
+            return key in self.held
 
     # -- Scheme --------------------------------------------------------------------------------
 
@@ -159,7 +188,9 @@ class Fpc1Scheme:
                 continue
             not_active = [sql.SQL("NOT starts_with({}::text, {})").format(ref, sql.Literal(p))
                           for p in self._active_prefixes]
-            conds.append(sql.SQL("({} IS NOT NULL AND {})").format(ref, sql.SQL(" AND ").join(not_active)))
+            # NULL and blank values are no ciphertexts (Forge leaves them alone): never selected.
+            conds.append(sql.SQL("({} IS NOT NULL AND btrim({}::text) <> '' AND {})").format(
+                ref, ref, sql.SQL(" AND ").join(not_active)))
         return sql.SQL("({})").format(sql.SQL(" OR ").join(conds))
 
     def read_list(self, alias: str | None = None) -> list[sql.Composable]:
@@ -170,16 +201,17 @@ class Fpc1Scheme:
 
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         """Decide every value of ``rows`` = ``(id, tenant, *column texts)``; each value alone: in a
-        row with two stale fields one may move and the other fail."""
+        row with two stale fields one may move and the other fail. All or nothing per key: every
+        value is decrypted before any is planned, and a padding or UTF-8 failure holds back its key
+        for this batch and the rest of the run (``held``)."""
         target = self.target.name
         plan = BatchPlan()
-        writes = {j: Write((j,)) for j in range(len(self.target.columns))}
         can_read_legacy = self.legacy_read_enabled and self.keyring.legacy is not None
-        for row in rows:
-            row_id, tenant = row[0], row[1]
-            problems: dict[str, list[str]] = {}
+        # (row index, column index, field, group, new value or None, failure reason or None)
+        decided: list[tuple[int, int, ValueField, str | None, str | None, str | None]] = []
+        failing: set[str] = set()
+        for i, row in enumerate(rows):
             for j, (column, text) in enumerate(zip(self.target.columns, row[2:])):
-                replacements: dict[str | None, str] = {}
                 for value_field, stored in self.values(column, text):
                     value = self.classify(stored)
                     if value.category == "ACTIVE":
@@ -193,32 +225,52 @@ class Fpc1Scheme:
                         continue
                     if value.category == "UNKNOWN_KEY" or (value.category == "LEGACY" and not can_read_legacy):
                         plan.count("unknown_key")
-                        problems.setdefault(UNKNOWN_KEY, []).append(value_field.label)
+                        decided.append((i, j, value_field, None, None, UNKNOWN_KEY))
                         continue
+                    group = group_of(stored)
                     try:
-                        replacements[value_field.path] = self.rewrite(stored, value)
+                        decided.append((i, j, value_field, group, self.rewrite(column, stored), None))
+                    except PaddingInvalid:
+                        failing.add(str(group))
+                        decided.append((i, j, value_field, group, None, DECRYPT_FAILED))
                     except CiphertextInvalid:
-                        problems.setdefault(DECRYPT_FAILED, []).append(value_field.label)
+                        decided.append((i, j, value_field, group, None, DECRYPT_FAILED))
                     except KeyUnavailable:
                         plan.count("unknown_key")
-                        problems.setdefault(UNKNOWN_KEY, []).append(value_field.label)
-                if not replacements:
+                        decided.append((i, j, value_field, group, None, UNKNOWN_KEY))
+        if failing:
+            self.hold(failing)
+        with self._held_lock:
+            held = frozenset(self.held)
+        replacements: dict[tuple[int, int], dict[str | None, str]] = {}
+        problems: dict[int, dict[str, list[str]]] = {}
+        for i, j, value_field, group, new, reason in decided:
+            if reason is not None:
+                problems.setdefault(i, {}).setdefault(reason, []).append(value_field.label)
+            elif group in held:
+                plan.count(KEY_HELD)
+            else:
+                assert new is not None
+                replacements.setdefault((i, j), {})[value_field.path] = new
+        writes = {j: Write((j,)) for j in range(len(self.target.columns))}
+        for (i, j), moved in replacements.items():
+            row_id, tenant, text = rows[i][0], rows[i][1], rows[i][2 + j]
+            column = self.target.columns[j]
+            assert text is not None
+            if not self._paths[column.name]:
+                new_text = moved[None]
+            else:
+                try:
+                    new_text = replace_json_values(text, {p: v for p, v in moved.items() if p is not None})
+                except (CiphertextInvalid, LookupError, ConfigError):
+                    # e.g. a key on the path occurs twice: which copy the application reads is not ours to guess.
+                    problems.setdefault(i, {}).setdefault(JSON_REWRITE_REFUSED, []).extend(
+                        f"{column.name}[{p}]" for p in moved if p is not None)
                     continue
-                assert text is not None
-                if not self._paths[column.name]:
-                    new_text = replacements[None]
-                else:
-                    try:
-                        new_text = replace_json_values(text, {p: v for p, v in replacements.items() if p is not None})
-                    except (CiphertextInvalid, LookupError, ConfigError):
-                        # e.g. a key on the path occurs twice: which copy the application reads is not ours to guess.
-                        problems.setdefault(JSON_REWRITE_REFUSED, []).extend(
-                            f"{column.name}[{p}]" for p in replacements if p is not None)
-                        continue
-                writes[j].add(row_id, [new_text], [text], weight=len(replacements),
-                              tenant="" if tenant is None else str(tenant))
-            for reason, labels in problems.items():
-                plan.failed.append(FailedRow(target, str(row_id), tuple(labels), reason))
+            writes[j].add(row_id, [new_text], [text], weight=len(moved), tenant="" if tenant is None else str(tenant))
+        for i in sorted(problems):
+            for reason, labels in problems[i].items():
+                plan.failed.append(FailedRow(target, str(rows[i][0]), tuple(labels), reason))
         plan.writes = [w for w in writes.values() if w.ids]
         return plan
 
@@ -234,13 +286,14 @@ class Fpc1Scheme:
         after = dict(self.values(column, now))
         if not after or before.keys() != after.keys():
             return False
-        ciphers = self._deep_ciphers = self._deep_ciphers or self._cipher_set("AES-GCM", legacy_read_enabled=True)
+        ciphers = self._deep_ciphers
+        algorithm = self.legacy_algorithms[column.name]
         for where, value in after.items():
             old = before[where]
             if value is None or old is None or self.classify(value).category != "ACTIVE":
                 return False
             try:
-                if value != old and ciphers.decrypt(value) != ciphers.decrypt(old):
+                if value != old and ciphers.decrypt(value, algorithm) != ciphers.decrypt(old, algorithm):
                     return False
             except (CiphertextInvalid, KeyUnavailable):
                 return False
@@ -267,9 +320,7 @@ class Fpc1Scheme:
     def inspect(self, row: Sequence[Any], deep: bool) -> Iterator[tuple[ValueClass, bool]]:
         # Deep reading decrypts legacy values whenever the keyring has the legacy key, whatever
         # legacy_read_enabled says: counting is not migrating.
-        ciphers = None
-        if deep:
-            ciphers = self._deep_ciphers = self._deep_ciphers or self._cipher_set("AES-GCM", legacy_read_enabled=True)
+        ciphers = self._deep_ciphers if deep else None
         for column, text in zip(self.target.columns, row[1:]):
             for _, stored in self.values(column, text):
                 value = self.classify(stored)
@@ -278,7 +329,7 @@ class Fpc1Scheme:
                         and value.category in ("ACTIVE", "HISTORICAL", "LEGACY")
                         and not (value.category == "LEGACY" and self.keyring.legacy is None)):
                     try:
-                        ciphers.decrypt(stored)
+                        ciphers.decrypt(stored, self.legacy_algorithms[column.name])
                     except CiphertextInvalid:
                         failed = True
                     except KeyUnavailable:
@@ -297,12 +348,25 @@ class Fpc1Scheme:
             if value is None:
                 continue
             # The keyring is not needed to size a value: any key id but the active one is rewritten.
-            found = classify(value, legacy_format=self.legacy_format)
+            found = classify(value)
             shape = (ValueClass("ACTIVE" if found.key_id == self.current_key else "HISTORICAL", found.key_id)
                      if found.kind == "fpc1" else
                      ValueClass("LEGACY", LEGACY_KEY) if found.kind == "legacy-candidate" else UNKNOWN_VALUE)
-            after = length_after(value, shape, self.current_key, self.legacy_format)
+            after = length_after(value, shape, self.current_key)
             if after is not None and shape.category != "ACTIVE":
                 growth += after - len(value)
                 changed = True
         return len(text) + growth if changed else None
+
+
+def legacy_algorithms(target: ResolvedTarget, keys: KeysSettings) -> dict[str, Algorithm]:
+    """The algorithm of each column's legacy values: the column's own (``legacy_algorithm = {col =
+    ...}``), else the target's, else ``[keys] legacy_algorithm`` (Forge's forge.crypto.algorithm
+    when unset there), else SM4."""
+    own = target.settings.legacy_algorithm
+    default = keys.legacy_algorithm or DEFAULT_ALGORITHM
+    out: dict[str, Algorithm] = {}
+    for column in target.columns:
+        code = own.get(column.name, default) if isinstance(own, dict) else (own or default)
+        out[column.name] = check_algorithm(code, f"target {target.name}: legacy_algorithm")
+    return out

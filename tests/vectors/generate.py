@@ -2,9 +2,9 @@
 
 Every key in this file is a fixed, public, made-up TEST key. Never use one for real data.
 
-The expected values are computed straight from ``cryptography`` (AESGCM, Cipher(SM4, GCM),
-Cipher(AES, ECB) + PKCS7), deliberately NOT through pinrotate, so the vectors are an independent
-check of pinrotate's formats. Deterministic: re-running gives byte-identical files.
+The aesgcm values are computed straight from ``cryptography`` (AESGCM), the fpc1 values (SM4 and
+AES in ECB with PKCS#7, Forge's format) by the ``openssl`` command line tool, deliberately NOT
+through pinrotate, so the vectors are an independent check of pinrotate's formats. Deterministic: re-running gives byte-identical files.
 
     python tests/vectors/generate.py          # (re)write the JSON files next to this script
     python tests/vectors/generate.py --check  # exit 1 if the files differ from what it would write
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 HERE = Path(__file__).resolve().parent
@@ -29,11 +28,18 @@ TEST_KEYS_NOTICE = "TEST KEYS ONLY: every key here is public and made up; never 
 TEST_KEY_128 = bytes(range(0x10))  # 000102...0f
 TEST_KEY_256 = bytes(range(0x20))  # 000102...1f
 TEST_KEY_128_B = bytes(range(0xF0, 0x100))  # f0f1...ff, a second fpc1 key
-TEST_LEGACY_KEY_128 = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")  # FIPS-197 example key
-TEST_LEGACY_KEY_256 = bytes(range(0x20, 0x40))
 
 # --- plaintexts ------------------------------------------------------------------------------
 ONE_KIB = bytes((i * 7 + 3) % 256 for i in range(1024))  # 1024 bytes, every byte value present
+
+# fpc1 plaintexts are text (Forge encrypts strings): every one valid UTF-8.
+TEXT_PLAINTEXTS: list[tuple[str, bytes]] = [
+    ("empty", b""),
+    ("ascii", b"Ivanov"),
+    ("one-block", b"0123456789abcdef"),  # exactly 16 bytes: a full PKCS#7 padding block in ECB
+    ("utf8", "Иванов Пётр, 张伟, Ærøskøbing 🙂".encode()),
+    ("1kib", ("jdbc-password-" * 80)[:1024].encode()),
+]
 
 PLAINTEXTS: list[tuple[str, bytes]] = [
     ("empty", b""),
@@ -55,19 +61,6 @@ def _b64(data: bytes) -> str:
 
 def _aes_gcm(key: bytes, nonce: bytes, plaintext: bytes) -> bytes:
     return nonce + AESGCM(key).encrypt(nonce, plaintext, None)
-
-
-def _sm4_gcm(key: bytes, nonce: bytes, plaintext: bytes) -> bytes:
-    enc = Cipher(algorithms.SM4(key), modes.GCM(nonce)).encryptor()
-    body = enc.update(plaintext) + enc.finalize()
-    return nonce + body + enc.tag
-
-
-def _aes_ecb_pkcs7(key: bytes, plaintext: bytes) -> bytes:
-    padder = padding.PKCS7(128).padder()
-    padded = padder.update(plaintext) + padder.finalize()
-    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    return enc.update(padded) + enc.finalize()
 
 
 def _header(fmt: str, description: str) -> dict[str, Any]:
@@ -104,15 +97,21 @@ def aesgcm_vectors() -> dict[str, Any]:
     }
 
 
+def openssl_ecb(algorithm: str, key: bytes, plaintext: bytes) -> bytes:
+    """SM4 or AES in ECB with PKCS#7 padding, computed by the openssl command line tool (its
+    default padding is PKCS#7): an implementation independent of pinrotate's code."""
+    cipher = {"SM4": "-sm4-ecb", "AES": f"-aes-{len(key) * 8}-ecb"}[algorithm]
+    done = subprocess.run(["openssl", "enc", "-e", cipher, "-K", key.hex(), "-nosalt"], input=plaintext,
+                          capture_output=True, check=True)
+    return done.stdout
+
+
 def fpc1_vectors() -> dict[str, Any]:
     vectors = []
-    counter = 100
-    for algorithm, encrypt in (("AES-GCM", _aes_gcm), ("SM4-GCM", _sm4_gcm)):
+    for algorithm in ("SM4", "AES"):
         for key_id, key in (("k2025-01", TEST_KEY_128), ("test_key-B", TEST_KEY_128_B)):
-            for pt_name, plaintext in PLAINTEXTS:
-                counter += 1
-                nonce = _nonce(counter)
-                payload = encrypt(key, nonce, plaintext)
+            for pt_name, plaintext in TEXT_PLAINTEXTS:
+                payload = openssl_ecb(algorithm, key, plaintext)
                 vectors.append(
                     {
                         "id": f"fpc1-{algorithm.lower()}-{key_id}-{pt_name}",
@@ -120,91 +119,53 @@ def fpc1_vectors() -> dict[str, Any]:
                         "key_id": key_id,
                         "key_hex": key.hex(),
                         "key_base64": _b64(key),
-                        "nonce_hex": nonce.hex(),
                         "plaintext_hex": plaintext.hex(),
                         "expected": f"FPC1:{algorithm}:{key_id}:{_b64(payload)}",
+                        "legacy": _b64(payload),
+                        "legacy_hex": payload.hex(),
                     }
                 )
     return {
         **_header(
             "fpc1",
-            "Self-describing FPC1:<algorithm>:<keyId>:<payload>, payload = standard base64 (with "
-            "padding) of nonce(12) || ciphertext || tag(16), no associated data, 16-byte keys.",
+            "Forge's FPC1:<SM4|AES>:<keyId>:<payload>, payload = standard base64 (with padding) of "
+            "SM4 or AES in ECB mode with PKCS#7 padding over the UTF-8 plaintext, 16-byte keys; "
+            "'legacy' is the same value as Forge writes it without the header (write-versioned = "
+            "false), 'legacy_hex' its hex form (Forge's decryptStr reads both). Computed with the "
+            "openssl command line tool.",
         ),
         "vectors": vectors,
     }
 
 
 def fpc1_invalid_vectors() -> dict[str, Any]:
-    good = f"FPC1:AES-GCM:k2025-01:{_b64(_aes_gcm(TEST_KEY_128, _nonce(999), b'x'))}"
-    payload = good.rsplit(":", 1)[1]
-    short = _b64(bytes(27))
+    """Strings Forge classifies UNKNOWN (``PersistentCiphertext.inspect``): never decrypted."""
+    payload = _b64(openssl_ecb("SM4", TEST_KEY_128, b"x"))
+    good = f"FPC1:SM4:k2025-01:{payload}"
     cases = [
-        ("lowercase-prefix", "fpc1:AES-GCM:k2025-01:" + payload),
-        ("other-version", "FPC2:AES-GCM:k2025-01:" + payload),
-        ("missing-payload", "FPC1:AES-GCM:k2025-01"),
-        ("empty-payload", "FPC1:AES-GCM:k2025-01:"),
-        ("unknown-algorithm", "FPC1:AES-CBC:k2025-01:" + payload),
-        ("lowercase-algorithm", "FPC1:aes-gcm:k2025-01:" + payload),
-        ("empty-key-id", "FPC1:AES-GCM::" + payload),
-        ("key-id-33-chars", "FPC1:AES-GCM:" + "k" * 33 + ":" + payload),
-        ("key-id-with-dot", "FPC1:AES-GCM:k2025.01:" + payload),
-        ("key-id-with-space", "FPC1:AES-GCM:k 1:" + payload),
-        ("payload-without-padding", "FPC1:AES-GCM:k2025-01:" + payload.rstrip("=")),
-        ("payload-url-safe-alphabet", "FPC1:AES-GCM:k2025-01:" + base64.urlsafe_b64encode(bytes.fromhex("fbffbf") * 10).decode()),
-        ("payload-with-newline", "FPC1:AES-GCM:k2025-01:" + payload + "\n"),
-        ("payload-with-colon", "FPC1:AES-GCM:k2025-01:" + payload + ":AAAA"),
-        ("payload-shorter-than-nonce-and-tag", "FPC1:AES-GCM:k2025-01:" + short),
-        ("no-prefix-at-all", "AES-GCM:k2025-01:" + payload),
+        ("missing-payload", "FPC1:SM4:k2025-01"),
+        ("empty-payload", "FPC1:SM4:k2025-01:"),
+        ("blank-payload", "FPC1:SM4:k2025-01:   "),
+        ("gcm-algorithm", "FPC1:AES-GCM:k2025-01:" + payload),
+        ("sm4-gcm-algorithm", "FPC1:SM4-GCM:k2025-01:" + payload),
+        ("unknown-algorithm", "FPC1:DES:k2025-01:" + payload),
+        ("empty-algorithm", "FPC1::k2025-01:" + payload),
+        ("empty-key-id", "FPC1:SM4::" + payload),
+        ("key-id-33-chars", "FPC1:SM4:" + "k" * 33 + ":" + payload),
+        ("key-id-with-dot", "FPC1:SM4:k2025.01:" + payload),
+        ("key-id-with-space", "FPC1:SM4:k 1:" + payload),
+        ("header-only", "FPC1:"),
+        ("three-parts", "FPC1:SM4:" + payload),
     ]
     return {
         **_header(
             "fpc1",
-            "Strings that must NOT parse as FPC1 (reader must reject them before any decryption). "
-            "'valid' is one well-formed value they were derived from.",
+            "Strings Forge classifies UNKNOWN (another algorithm, an illegal key id, an empty "
+            "payload, an incomplete header): never decrypted, never rewritten. 'valid' is one "
+            "well-formed value they were derived from.",
         ),
         "valid": good,
         "vectors": [{"id": name, "stored": stored} for name, stored in cases],
-    }
-
-
-def legacy_vectors() -> dict[str, Any]:
-    vectors: list[dict[str, Any]] = []
-    counter = 200
-    for key_name, key in (("128", TEST_LEGACY_KEY_128), ("256", TEST_LEGACY_KEY_256)):
-        for pt_name, plaintext in PLAINTEXTS:
-            counter += 1
-            nonce = _nonce(counter)
-            vectors.append(
-                {
-                    "id": f"legacy-aesgcm-b64-{key_name}-{pt_name}",
-                    "legacy_format": "aesgcm-b64",
-                    "key_hex": key.hex(),
-                    "key_base64": _b64(key),
-                    "nonce_hex": nonce.hex(),
-                    "plaintext_hex": plaintext.hex(),
-                    "expected": _b64(_aes_gcm(key, nonce, plaintext)),
-                }
-            )
-            vectors.append(
-                {
-                    "id": f"legacy-aes-ecb-b64-{key_name}-{pt_name}",
-                    "legacy_format": "aes-ecb-b64",
-                    "key_hex": key.hex(),
-                    "key_base64": _b64(key),
-                    "nonce_hex": None,
-                    "plaintext_hex": plaintext.hex(),
-                    "expected": _b64(_aes_ecb_pkcs7(key, plaintext)),
-                }
-            )
-    return {
-        **_header(
-            "legacy",
-            "Read-only legacy values of fpc1 targets, under the legacy key. aesgcm-b64: base64 of "
-            "nonce(12) || ciphertext || tag(16), AES-GCM sized by the key. aes-ecb-b64: base64 of "
-            "AES-ECB with PKCS#7 padding (no nonce). pinrotate only ever decrypts these.",
-        ),
-        "vectors": vectors,
     }
 
 
@@ -213,9 +174,8 @@ def legacy_vectors() -> dict[str, Any]:
 PUBLISHED: dict[str, Any] = {
     "format": "published",
     "description": (
-        "Published AES-GCM and SM4-GCM test vectors with a 96-bit IV and empty AAD. As stored "
-        "values: aesgcm bytea = iv || ciphertext || tag; fpc1 payload = the same bytes (16-byte "
-        "keys only)."
+        "Published AES-GCM test vectors with a 96-bit IV and empty AAD. As stored values: "
+        "aesgcm bytea = iv || ciphertext || tag."
     ),
     "vectors": [
         {
@@ -290,52 +250,35 @@ PUBLISHED: dict[str, Any] = {
             ),
             "tag_hex": "b094dac5d93471bdec1a502270e3cc6c",
         },
-        {
-            "id": "wycheproof-sm4-gcm-tc2",
-            "source": "Wycheproof testvectors_v1/sm4_gcm_test.json, tcId 2 (empty message, empty AAD)",
-            "algorithm": "SM4-GCM",
-            "key_hex": "bedcfb5a011ebc84600fcb296c15af0d",
-            "nonce_hex": "438a547a94ea88dce46c6c85",
-            "plaintext_hex": "",
-            "ciphertext_hex": "",
-            "tag_hex": "a486a45596cb92cf529de2038583707d",
-        },
-        {
-            "id": "wycheproof-sm4-gcm-tc3",
-            "source": "Wycheproof testvectors_v1/sm4_gcm_test.json, tcId 3 (1-byte message, empty AAD)",
-            "algorithm": "SM4-GCM",
-            "key_hex": "384ea416ac3c2f51a76e7d8226346d4e",
-            "nonce_hex": "b30c084727ad1c592ac21d12",
-            "plaintext_hex": "35",
-            "ciphertext_hex": "a3",
-            "tag_hex": "a06f50a378b116e9dd2363a6e8babd88",
-        },
-        {
-            "id": "wycheproof-sm4-gcm-tc6",
-            "source": "Wycheproof testvectors_v1/sm4_gcm_test.json, tcId 6 (16-byte message, empty AAD)",
-            "algorithm": "SM4-GCM",
-            "key_hex": "ffdf4228361ea1f8165852136b3480f7",
-            "nonce_hex": "0e1666f2dc652f7708fb8f0d",
-            "plaintext_hex": "25b12e28ac0ef6ead0226a3b2288c800",
-            "ciphertext_hex": "f18ce821bdf23c0e74e84a235ae15926",
-            "tag_hex": "dd82022d2589c111d2f780965bd4b7ea",
-        },
-        {
-            "id": "wycheproof-sm4-gcm-tc13",
-            "source": "Wycheproof testvectors_v1/sm4_gcm_test.json, tcId 13 (63-byte message, empty AAD)",
-            "algorithm": "SM4-GCM",
-            "key_hex": "bb571c160132b0c8d5d190d0bc356ddc",
-            "nonce_hex": "2596c440cf0232950ec66bc4",
-            "plaintext_hex": (
-                "053be1b6190a717fc74c879e6fd62dc44628495507e50d662271dee795a4ad26"
-                "e0c4f86cb6b20ac6bd9d682d2d8a05c9dad875a6911b49ea0af4f17c97a5f2"
-            ),
-            "ciphertext_hex": (
-                "d02d6f100875eb876a1218e2282c7af496f9737e3653057074e28221b310d31a"
-                "bb705c01c03133171615e19b658edb9cf7bcfd37c5ff3ff53d88f854b7ff01"
-            ),
-            "tag_hex": "9cc97f0b5ed2f18cb703f9f791fb77b5",
-        },
+    ],
+}
+
+
+# Published single-block vectors of the two block ciphers fpc1 uses, copied from their standards
+# (not computed here). ECB of one block is the raw cipher: pinrotate's PKCS#7 output for such a
+# plaintext starts with these 16 bytes.
+PUBLISHED_ECB: dict[str, Any] = {
+    "format": "published",
+    "description": "Published SM4 and AES block cipher vectors (one block, ECB, no padding).",
+    "vectors": [
+        {"id": "gbt-32907-sm4-example-1", "source": "GB/T 32907-2016, Appendix A, example 1",
+         "algorithm": "SM4", "key_hex": "0123456789abcdeffedcba9876543210",
+         "plaintext_hex": "0123456789abcdeffedcba9876543210", "ciphertext_hex": "681edf34d206965e86b3e94f536e4246"},
+        {"id": "fips-197-c1-aes-128", "source": "FIPS-197, Appendix C.1", "algorithm": "AES",
+         "key_hex": "000102030405060708090a0b0c0d0e0f", "plaintext_hex": "00112233445566778899aabbccddeeff",
+         "ciphertext_hex": "69c4e0d86a7b0430d8cdb78070b4c55a"},
+        {"id": "fips-197-c2-aes-192", "source": "FIPS-197, Appendix C.2", "algorithm": "AES",
+         "key_hex": "000102030405060708090a0b0c0d0e0f1011121314151617",
+         "plaintext_hex": "00112233445566778899aabbccddeeff", "ciphertext_hex": "dda97ca4864cdfe06eaf70a0ec0d7191"},
+        {"id": "fips-197-c3-aes-256", "source": "FIPS-197, Appendix C.3", "algorithm": "AES",
+         "key_hex": "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+         "plaintext_hex": "00112233445566778899aabbccddeeff", "ciphertext_hex": "8ea2b7ca516745bfeafc49904b496089"},
+        {"id": "sp-800-38a-f11-ecb-aes128-block1", "source": "NIST SP 800-38A, F.1.1 ECB-AES128.Encrypt, block 1",
+         "algorithm": "AES", "key_hex": "2b7e151628aed2a6abf7158809cf4f3c",
+         "plaintext_hex": "6bc1bee22e409f96e93d7e117393172a", "ciphertext_hex": "3ad77bb40d7a3660a89ecaf32466ef97"},
+        {"id": "sp-800-38a-f11-ecb-aes128-block2", "source": "NIST SP 800-38A, F.1.1 ECB-AES128.Encrypt, block 2",
+         "algorithm": "AES", "key_hex": "2b7e151628aed2a6abf7158809cf4f3c",
+         "plaintext_hex": "ae2d8a571e03ac9c9eb76fac45af8e51", "ciphertext_hex": "f5d3d58503b9699de785895a96fdbaaf"},
     ],
 }
 
@@ -346,8 +289,8 @@ def build_all() -> dict[str, dict[str, Any]]:
         "aesgcm.json": aesgcm_vectors(),
         "fpc1.json": fpc1_vectors(),
         "fpc1_invalid.json": fpc1_invalid_vectors(),
-        "legacy.json": legacy_vectors(),
         "published_gcm.json": PUBLISHED,
+        "published_ecb.json": PUBLISHED_ECB,
     }
 
 
