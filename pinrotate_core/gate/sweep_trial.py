@@ -1,0 +1,176 @@
+"""Binary ciphertexts outside the targets: EVERY candidate value tried with every key the verdict concerns.
+
+A binary ciphertext (``aesgcm``: nonce || ciphertext || tag; an ``aesgcm-b64`` legacy value) names no key:
+the only way to know it is under KEY is to try KEY on it. Nothing is sampled. To stay fast the database
+keeps only values of a ciphertext's length and shape (SQL prefilter), rows come in binary, and each value
+is normalised to the encodings programs actually store (raw bytes, base64 standard or url-safe, padded or
+not, MIME line-wrapped, hex with or without ``\\x``, any of those as text inside a bytea) and tried in a
+tight loop of AEAD calls (``cryptography``). Containers (arrays, composites, ranges, xml, hstore, json) are
+tried token by token: every base64 / hex run of their text form. Counts per key only: no value leaves here.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
+
+import psycopg
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from psycopg import sql
+
+from ..errors import CiphertextInvalid
+from ..keyring import Keyring
+from ..schemes.base import LEGACY_KEY
+from ..schemes.fpc1_values import LegacyCipher
+from .sweep_plan import SweptColumn, SweptTable
+from .sweep_reads import Find
+
+NONCE: Final = 12
+MIN_BYTES: Final = 28  # nonce(12) + tag(16): the shortest aesgcm value
+MIN_TEXT: Final = 38  # the shortest text form of 28 bytes (unpadded base64)
+FETCH_ROWS: Final = 5000
+# A token of a container's text form that could be an encoded ciphertext (base64 either alphabet, hex).
+TOKEN: Final = r"[A-Za-z0-9+/_-]{38,}={0,2}"
+_B64: Final = re.compile(rb"[A-Za-z0-9+/]+={0,2}")
+_B64URL: Final = re.compile(rb"[A-Za-z0-9_-]+={0,2}")
+_HEX: Final = re.compile(rb"(?:\\x|x)?([0-9A-Fa-f]+)")
+_SPACE: Final = re.compile(rb"\s+")
+
+
+def decodings(value: bytes) -> Iterator[bytes]:
+    """The byte strings ``value`` may stand for: itself, and its base64 / hex decodings when it is text."""
+    yield value
+    text = _SPACE.sub(b"", value) if any(c in value for c in b" \t\r\n") else value
+    if len(text) < MIN_TEXT:
+        return
+    hexed = _HEX.fullmatch(text)
+    if hexed is not None and len(hexed.group(1)) % 2 == 0:
+        yield binascii.unhexlify(hexed.group(1))
+    if _B64.fullmatch(text):
+        body = text.rstrip(b"=")
+        try:
+            yield binascii.a2b_base64(body + b"=" * (-len(body) % 4))
+        except binascii.Error:
+            pass
+    elif _B64URL.fullmatch(text):
+        body = text.rstrip(b"=").translate(bytes.maketrans(b"-_", b"+/"))
+        try:
+            yield binascii.a2b_base64(body + b"=" * (-len(body) % 4))
+        except binascii.Error:
+            pass
+
+
+class TrialKeys:
+    """The keys to try: ``aesgcm`` AEADs of the given key ids, and an ``aesgcm-b64`` legacy key."""
+
+    def __init__(self, keyring: Keyring, legacy_format: str, key_ids: Sequence[str] | None = None) -> None:
+        ids = [k for k in keyring.ids() if key_ids is None or k in key_ids]
+        self.aeads = [(k, AESGCM(keyring.keys[k].material)) for k in ids
+                      if len(keyring.keys[k].material) in (16, 24, 32)]
+        want_legacy = key_ids is None or LEGACY_KEY in key_ids
+        self.legacy = (LegacyCipher(keyring.legacy, "aesgcm-b64")
+                       if want_legacy and keyring.legacy is not None and legacy_format == "aesgcm-b64" else None)
+
+    def __bool__(self) -> bool:
+        return bool(self.aeads) or self.legacy is not None
+
+    def key_of(self, blob: bytes) -> str | None:
+        if len(blob) >= MIN_BYTES:
+            nonce, body = blob[:NONCE], blob[NONCE:]
+            for key_id, aead in self.aeads:
+                try:
+                    aead.decrypt(nonce, body, None)
+                    return key_id
+                except InvalidTag:
+                    continue
+        if self.legacy is not None:
+            try:
+                self.legacy.decrypt_blob(blob)
+                return LEGACY_KEY
+            except CiphertextInvalid:
+                pass
+        return None
+
+    def key_of_value(self, value: bytes) -> str | None:
+        for blob in decodings(value):
+            key = self.key_of(blob)
+            if key is not None:
+                return key
+        return None
+
+
+def _candidate(column: SweptColumn) -> sql.Composable:
+    """The column's candidates in SQL: the value (scalars) or its tokens (containers); NULL when none."""
+    c = sql.Identifier("t", column.name)
+    if column.kind == "bytea" and not column.array:
+        return sql.SQL("CASE WHEN octet_length({c}) >= {n} THEN {c} END").format(c=c, n=sql.Literal(MIN_BYTES))
+    if column.kind == "text" and not column.array:
+        return sql.SQL("CASE WHEN octet_length({c}::text) >= {n} AND {c}::text ~ {shape} THEN {c}::text END").format(
+            c=c, n=sql.Literal(MIN_TEXT), shape=sql.Literal(r"^(\\x)?[A-Za-z0-9+/=_[:space:]-]+$"))
+    return sql.SQL("CASE WHEN octet_length({c}::text) >= {n} THEN ARRAY(SELECT m[1] FROM regexp_matches("
+                   "{c}::text, {token}, 'g') AS m) END").format(c=c, n=sql.Literal(MIN_TEXT),
+                                                                token=sql.Literal(f"({TOKEN})"))
+
+
+def _as_bytes(value: Any) -> Iterable[bytes]:
+    if value is None:
+        return ()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return (bytes(value),)
+    if isinstance(value, str):
+        return (value.encode("utf-8", "surrogateescape"),)
+    if isinstance(value, list):
+        return tuple(str(v).encode("ascii", "replace") for v in value if v is not None)
+    return ()
+
+
+def trial_finds(conn: psycopg.Connection[Any], table: SweptTable, keys: TrialKeys) -> list[Find]:
+    """Try ``keys`` on every candidate value of ``table``'s columns (one scan, binary); finds per column."""
+    columns = [c for c in table.columns if c.tried]
+    if not columns or not keys:
+        return []
+    exprs = [_candidate(c) for c in columns]
+    where = sql.SQL(" OR ").join(sql.SQL("({}) IS NOT NULL").format(e) for e in exprs)
+    query = sql.SQL("SELECT {} FROM ONLY {} AS t WHERE {}").format(sql.SQL(", ").join(exprs), table.relation, where)
+    found = [Counter[str]() for _ in columns]
+    tried = [0] * len(columns)
+    with conn.transaction(), conn.cursor(name="pinrotate_trial", binary=True) as cur:
+        cur.itersize = FETCH_ROWS
+        cur.execute(query)
+        while rows := cur.fetchmany(FETCH_ROWS):
+            for row in rows:
+                for j, value in enumerate(row):
+                    for candidate in _as_bytes(value):
+                        tried[j] += 1
+                        key = keys.key_of_value(candidate)
+                        if key is not None:
+                            found[j][key] += 1
+    return [Find(f"{table.label}.{column.name}", dict(found[j]), "trial", sampled=tried[j])
+            for j, column in enumerate(columns) if found[j]]
+
+
+def large_object_finds(conn: psycopg.Connection[Any], keys: TrialKeys | None, pattern: re.Pattern[bytes],
+                       unreadable: dict[str, str]) -> list[Find]:
+    """Every large object (``pg_largeobject_metadata``): key ids by pattern, and the whole object tried with
+    the keys. One the role may not read is UNREADABLE (named by its oid)."""
+    by_key: Counter[str] = Counter()
+    count = 0
+    for (oid,) in conn.execute("SELECT oid FROM pg_largeobject_metadata ORDER BY oid").fetchall():
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT lo_get(%s)", (oid,)).fetchone()
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedObject) as e:
+            unreadable[f"large object {oid}"] = f"cannot read large object {oid} ({type(e).__name__}): grant SELECT on it"
+            continue
+        data = bytes(row[0]) if row and row[0] is not None else b""
+        count += 1
+        by_key.update(m.decode("ascii") for m in pattern.findall(data))
+        if keys:
+            key = keys.key_of_value(data)
+            if key is not None:
+                by_key[key] += 1
+    return [Find("pg_largeobject", dict(by_key), "trial", sampled=count)] if by_key else []
