@@ -272,3 +272,28 @@ def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(
 
     assert not gate.open and gate.blocking["FAILED"] == 1
     assert run.gate["1"]["open"] is False and run.gate["1"]["blocking"].get("FAILED") == 1
+
+
+def test_a_writer_that_began_after_the_mark_and_commits_after_the_snapshot_is_waited_for_and_seen(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old, settings = rotated_people(pg_conn, keys_file, database_url)
+    pg_conn.execute("CREATE TABLE people_archive (id bigint, name_cipher bytea)")
+    from pinrotate_core.gate import retire as retire_module
+
+    real_mark = retire_module.mark_before_reads
+    writer = psycopg.connect(database_url)  # a stale writer: its transaction starts after the gate's mark
+
+    def mark_then_write(engine: Any) -> Any:
+        mark = real_mark(engine)
+        writer.execute("INSERT INTO people_archive VALUES (1, %s)", (old,))  # has an xid at the snapshot
+        threading.Timer(1.0, writer.commit).start()  # commits after the gate's first look
+        return mark
+
+    monkeypatch.setattr(retire_module, "mark_before_reads", mark_then_write)
+    try:
+        report = retire_gate(settings, "1")
+    finally:
+        writer.close()
+
+    assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1, report.durability
+    assert report.durability["in_flight"]["second_look"] is True

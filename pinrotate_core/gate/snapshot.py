@@ -3,8 +3,9 @@
 A look opens ONE ``REPEATABLE READ READ ONLY`` transaction on one connection; the inventory of every
 target, the sweep of every other relation, large objects, conflicts and key check values are all read
 in it, so a value that an application moves between two tables while the gate reads is seen in one
-of them. The snapshot's own list of transactions in progress (``txid_current_snapshot()``) is kept:
-the settle step waits for them before an open verdict stands.
+of them. The transactions writing at that snapshot (its ``txid_current_snapshot()`` xip, and the xids
+from its xmax up to the xmax another session sees just after: the newest, which no snapshot lists) are
+kept: the settle step waits for them, then looks again, before an open verdict stands.
 
 Relations are followed by identity: each relation the look planned (by oid, from the snapshot's own
 catalog) is locked ``ACCESS SHARE`` by its current name (as pg_dump locks what it dumps), then checked to be the same relation with the
@@ -21,7 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -32,6 +33,7 @@ from ..errors import DatabaseError
 
 LOCK_TIMEOUT: Final = "5s"  # a relation locked by DDL longer than this is reported unreadable: closed
 POLL_S: Final = 0.1
+MAX_NEWEST: Final = 100_000  # xids assigned around the snapshot that a look waits for, at most
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,23 @@ def one_moment(engine: sa.Engine) -> Iterator[Moment]:
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-            # The first query takes the transaction's snapshot; its xip are the writers in flight then.
-            rows = conn.execute("SELECT txid_snapshot_xip(txid_current_snapshot())").fetchall()
+            # The first query takes the transaction's snapshot. Its xip are not all the writers in flight
+            # then: the newest (xid >= its xmax) are in no snapshot. They hold their xid's lock, so they
+            # are read from pg_locks right after; one that ended in between raised the xmax another
+            # session sees (latestCompletedXid + 1), and so is in [xmax, that xmax).
+            row = conn.execute("SELECT txid_snapshot_xmax(s), ARRAY(SELECT txid_snapshot_xip(s)) "
+                               "FROM (SELECT txid_current_snapshot() AS s) AS q").fetchone()
+            assert row is not None
+            xmax, xip = int(str(row[0])), [int(str(x)) for x in cast("list[Any]", row[1])]
+            held = [_xid8(int(str(r[0])), xmax) for r in conn.execute(_XID_LOCKS).fetchall()]
+            with raw_connection(engine) as other:
+                after = other.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()
+            newest = int(str(after[0])) if after is not None else xmax
+            if newest - xmax > MAX_NEWEST:
+                raise DatabaseError(f"{newest - xmax} transactions ended while the gate took its snapshot: "
+                                    "too many to wait for; run the gate again")
+            xids = sorted(set(xip) | {x for x in held if x >= xmax or x in xip} | set(range(xmax, newest)))
+            rows = conn.execute(_THIS_DATABASE, (xids,)).fetchall() if xids else []
         except psycopg.Error as e:
             raise DatabaseError(f"cannot open the gate's snapshot ({describe_db_error(e)})") from None
         try:
@@ -64,6 +81,34 @@ def one_moment(engine: sa.Engine) -> Iterator[Moment]:
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     pass  # a broken connection: the pool invalidates it
+
+
+# The snapshot's xip are the whole cluster's: a writer in ANOTHER database (known by its xid lock's holder)
+# writes no row here and is not waited for. One whose holder cannot be told is kept (fail closed).
+_THIS_DATABASE = """
+SELECT x FROM unnest(%s::bigint[]) AS x
+ WHERE txid_status(x) IS DISTINCT FROM 'aborted' AND NOT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                    WHERE l.locktype = 'transactionid' AND l.transactionid::text::bigint = x %% 4294967296
+                      AND a.datid IS NOT NULL
+                      AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))
+"""
+
+# The xid of every transaction that has one and runs now, in this database (its own xid lock).
+_XID_LOCKS = """
+SELECT l.transactionid::text::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+   AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def _xid8(xid: int, near: int) -> int:
+    """A 32-bit xid as the 64-bit one (with epoch) closest to ``near``."""
+    full = (near & ~0xFFFFFFFF) | xid
+    if full > near + (1 << 31):
+        full -= 1 << 32
+    elif full < near - (1 << 31):
+        full += 1 << 32
+    return full
 
 
 _SNAPSHOT_REL = """
