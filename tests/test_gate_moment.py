@@ -297,3 +297,46 @@ def test_a_writer_that_began_after_the_mark_and_commits_after_the_snapshot_is_wa
 
     assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1, report.durability
     assert report.durability["in_flight"]["second_look"] is True
+
+
+def test_a_partition_left_detach_pending_is_swept_on_its_own(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    pg_conn.execute("CREATE TABLE secrets (id bigint PRIMARY KEY, secret text) PARTITION BY RANGE (id)")
+    pg_conn.execute("CREATE TABLE secrets_new PARTITION OF secrets FOR VALUES FROM (0) TO (100)")
+    pg_conn.execute("CREATE TABLE secrets_2023 PARTITION OF secrets FOR VALUES FROM (100) TO (200)")
+    pg_conn.execute("INSERT INTO secrets VALUES (1, %s), (150, %s)", (fpc1_value("k3"), fpc1_value("k1")))
+    pg_conn.execute("UPDATE secrets SET secret = %s WHERE id = 150", (fpc1_value("k3"),))
+    settings = fpc1_settings(database_url, keys_file)
+    assert retire_gate(settings, "k1").open
+    pg_conn.execute("UPDATE secrets SET secret = %s WHERE id = 150", (fpc1_value("k1"),))
+    # DETACH ... CONCURRENTLY cancelled while it waits for a reader: the partition stays DETACH PENDING.
+    with psycopg.connect(database_url) as reader, psycopg.connect(database_url, autocommit=True) as ddl:
+        reader.execute("SELECT count(*) FROM secrets")
+        pid = ddl.info.backend_pid
+        detach = threading.Thread(target=lambda: _quietly(ddl, "ALTER TABLE secrets DETACH PARTITION secrets_2023 "
+                                                               "CONCURRENTLY"))
+        detach.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            row = pg_conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            if row is not None and row[0] == "Lock":
+                break
+            time.sleep(0.05)
+        pg_conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        detach.join(timeout=10)
+        reader.rollback()
+    pending = pg_conn.execute("SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'secrets_2023'::regclass"
+                              ).fetchone()
+    assert pending is not None and pending[0] is True
+
+    report = retire_gate(settings, "k1")
+
+    assert not report.open
+    assert by_column(report.as_dict())["public.secrets_2023.secret"]["by_key"] == {"k1": 1}
+
+
+def _quietly(conn: psycopg.Connection[Any], statement: str) -> None:
+    try:
+        conn.execute(statement)
+    except psycopg.errors.QueryCanceled:
+        pass
