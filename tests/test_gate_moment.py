@@ -340,3 +340,27 @@ def _quietly(conn: psycopg.Connection[Any], statement: str) -> None:
         conn.execute(statement)
     except psycopg.errors.QueryCanceled:
         pass
+
+
+def test_hstore_values_are_searched_and_a_foreign_table_is_unswept_until_vouched_for(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    old, settings = rotated_people(pg_conn, keys_file, database_url)
+    pg_conn.execute("CREATE EXTENSION hstore")
+    pg_conn.execute("CREATE TABLE prefs (id bigint, attrs hstore)")
+    pg_conn.execute("INSERT INTO prefs VALUES (1, hstore('name', %s))", (base64.b64encode(old).decode(),))
+    pg_conn.execute("CREATE EXTENSION file_fdw")
+    pg_conn.execute("CREATE SERVER files FOREIGN DATA WRAPPER file_fdw")
+    pg_conn.execute("CREATE FOREIGN TABLE exported_names (id bigint, name_cipher text) SERVER files "
+                    "OPTIONS (filename '/dev/null', format 'csv')")
+
+    report = retire_gate(settings, "1")
+
+    assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1 and report.blocking["UNSWEPT"] == 1
+    assert by_column(report.as_dict())["public.prefs.attrs"]["by_key"] == {"1": 1}
+    assert report.discovery["unswept"]["public.exported_names"].startswith("foreign table")
+    pg_conn.execute("DROP TABLE prefs")
+    skip = settings.model_copy(update={"gate": settings.gate.model_copy(
+        update={"discover_skip": ("public.exported_names",)})})
+    assert not retire_gate(settings, "1").open
+    vouched = retire_gate(skip, "1")
+    assert vouched.open and "public.exported_names" in vouched.discovery["not_swept"]
