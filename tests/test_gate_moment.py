@@ -364,3 +364,30 @@ def test_hstore_values_are_searched_and_a_foreign_table_is_unswept_until_vouched
     assert not retire_gate(settings, "1").open
     vouched = retire_gate(skip, "1")
     assert vouched.open and "public.exported_names" in vouched.discovery["not_swept"]
+
+
+# -- the trial's decodings, on a known-answer vector ------------------------------------------------------
+
+# NIST GCM test case 1 (AES-128, zero key, zero IV, empty plaintext): tag 58e2fccefa7e3061367f1d57a4e7455a.
+# As an aesgcm value: nonce(12) || ciphertext (empty) || tag.
+NIST_VALUE = bytes(12) + bytes.fromhex("58e2fccefa7e3061367f1d57a4e7455a")
+
+
+def test_the_trial_finds_a_known_answer_value_in_every_encoding_programs_store() -> None:
+    from pinrotate_core.gate.sweep_trial import TrialKeys
+    from pinrotate_core.keyring import Key, Keyring
+
+    keyring = Keyring(current="2", keys={"1": Key("1", bytes(16)), "2": Key("2", bytes(range(16)))}, source="test")
+    keys = TrialKeys(keyring, "aesgcm-b64", ["1"])
+    b64 = base64.b64encode(NIST_VALUE)
+    forms = {
+        "raw": NIST_VALUE, "hex": NIST_VALUE.hex().encode(), "HEX with \\x": b"\\x" + NIST_VALUE.hex().upper().encode(),
+        "base64": b64, "base64 unpadded": b64.rstrip(b"="),
+        "base64url": base64.urlsafe_b64encode(NIST_VALUE).rstrip(b"="),
+        "MIME wrapped": b"\r\n".join(b64[i:i + 8] for i in range(0, len(b64), 8)),
+    }
+    assert {name: keys.key_of_value(form) for name, form in forms.items()} == dict.fromkeys(forms, "1")
+    tampered = NIST_VALUE[:-1] + bytes([NIST_VALUE[-1] ^ 1])
+    assert keys.key_of_value(tampered) is None and keys.key_of_value(base64.b64encode(tampered)) is None
+    # Only the keys the verdict concerns are tried.
+    assert TrialKeys(keyring, "aesgcm-b64", ["2"]).key_of_value(NIST_VALUE) is None
