@@ -391,3 +391,37 @@ def test_the_trial_finds_a_known_answer_value_in_every_encoding_programs_store()
     assert keys.key_of_value(tampered) is None and keys.key_of_value(base64.b64encode(tampered)) is None
     # Only the keys the verdict concerns are tried.
     assert TrialKeys(keyring, "aesgcm-b64", ["2"]).key_of_value(NIST_VALUE) is None
+
+
+def test_an_archive_renamed_back_and_forth_while_gates_run_never_opens_the_gate(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    old, settings = rotated_people(pg_conn, keys_file, database_url)
+    pg_conn.execute("CREATE TABLE archive_a (id bigint, name_cipher bytea)")
+    pg_conn.execute("INSERT INTO archive_a VALUES (1, %s)", (old,))
+    stop = threading.Event()
+    renames = [0]
+
+    def renamer() -> None:  # an archive rotation job
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '200ms'")
+            names = ("archive_a", "archive_b")
+            while not stop.is_set():
+                try:
+                    conn.execute(f"ALTER TABLE {names[renames[0] % 2]} RENAME TO {names[(renames[0] + 1) % 2]}")
+                    renames[0] += 1
+                except psycopg.errors.LockNotAvailable:
+                    pass
+
+    thread = threading.Thread(target=renamer, daemon=True)
+    thread.start()
+    verdicts = []
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < MOVER_SECONDS or len(verdicts) < 3:
+            report = retire_gate(settings, "1")
+            verdicts.append((report.open, report.blocking.get("OUTSIDE_TARGETS", 0), report.blocking.get("UNREADABLE", 0)))
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert renames[0] > len(verdicts)
+    assert all(not is_open and (found == 1 or unreadable) for is_open, found, unreadable in verdicts), verdicts
