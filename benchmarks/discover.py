@@ -6,10 +6,12 @@
 
 Creates ``bench_discover.archive`` (id, a text column, a jsonb document, a bytea column and an integer),
 one row in 100 with an FPC1 value under key k1 in the text column and one in 1000 inside the document,
-plus a small configured target; ANALYZEs, then times ``sweep_database`` three times: with an fpc1
-keyring (pattern scan of text/jsonb/bytea and a sample of the bytea / base64 text columns) and with the
-sampling alone measured apart. The values are made in SQL (they need not decrypt: the pattern counts key
-ids, the sample tries keys). Test keys only, thrown away.
+plus a small configured target; ANALYZEs, then times the full ``sweep_database`` (what every gate reads,
+in one REPEATABLE READ snapshot as the gate reads it): the pattern scan of text/jsonb/bytea AND every
+candidate value tried with the keys (nothing sampled: all N bytea values are 64 bytes, each one a
+candidate, each tried). Timed with one key (``gate --retire KEY``) and with both keys (the run's gate,
+``inventory --discover``), and the trial alone apart. The values are made in SQL (they need not decrypt:
+the pattern counts key ids, the trial tries keys). Test keys only, thrown away.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
-from pinrotate_core.gate.discover import sweep_database
+from pinrotate_core.gate.discover import Discovery, sweep_database
 from pinrotate_core.gate.sweep_plan import plan_sweep
-from pinrotate_core.gate.sweep_reads import SampleKeys, sample_finds
+from pinrotate_core.gate.sweep_trial import TrialKeys, trial_finds
 from pinrotate_core.keyring import Key, Keyring
 
 SCHEMA = "bench_discover"
@@ -90,24 +92,33 @@ def main() -> int:
             size_mb = int(row[0]) / 2**20 if row else 0.0
             print(f"archive table: {size_mb:.0f} MiB, 3 swept columns (note text, doc jsonb, blob bytea; n integer "
                   "is not read)")
-            whole: list[float] = []
-            sampling: list[float] = []
+            one_key: list[float] = []
+            both_keys: list[float] = []
+            trial: list[float] = []
+            found = Discovery(server_side=False)
             for _ in range(args.repeat):
-                found = sweep_database(conn, settings, keyring)
-                whole.append(found.seconds)
+                for key_ids, into in ((["k1"], one_key), (None, both_keys)):
+                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    found = sweep_database(conn, settings, keyring, key_ids)
+                    conn.execute("ROLLBACK")
+                    into.append(found.seconds)
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 plan = plan_sweep(conn, settings)
-                sample_keys = SampleKeys(keyring, "aesgcm-b64")
+                keys = TrialKeys(keyring, ["k1"])
                 started = time.monotonic()
                 for table in plan.tables:
-                    sample_finds(conn, table, sample_keys, settings.gate.discover_sample)
-                sampling.append(time.monotonic() - started)
+                    trial_finds(conn, table, keys)
+                trial.append(time.monotonic() - started)
+                conn.execute("ROLLBACK")
             by_column = {f.column: f.by_key for f in found.finds}
             print(f"finds: {by_column}")
-            print(f"whole sweep: median {statistics.median(whole):.2f} s over {args.repeat} runs "
-                  f"({args.rows / statistics.median(whole):,.0f} rows/s); runs: "
-                  + ", ".join(f"{s:.2f}" for s in whole))
-            print(f"of which sampling (bytea + base64 text, {settings.gate.discover_sample} values per column, "
-                  f"2 keys): median {statistics.median(sampling) * 1000:.0f} ms")
+            for label, runs in (("full sweep, 1 key (gate --retire KEY)", one_key),
+                                ("full sweep, 2 keys (run's gate, inventory --discover)", both_keys)):
+                med = statistics.median(runs)
+                print(f"{label}: median {med:.2f} s over {args.repeat} runs ({args.rows / med:,.0f} rows/s); runs: "
+                      + ", ".join(f"{s:.2f}" for s in runs))
+            print(f"of which the trial of every candidate value ({args.rows:,} bytea values, 1 key): "
+                  f"median {statistics.median(trial):.2f} s")
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     finally:
         if server is not None:

@@ -31,7 +31,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.gate import evaluate_gate
+from pinrotate_core.gate import retire_gate
 from pinrotate_core.providers import KeyringAdmin
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import build_vault_provider
@@ -94,7 +94,7 @@ def run(ns: argparse.Namespace) -> int:
         if outcome.report is None:
             return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
         after = rotation.inventory(settings, deep=True)
-        gate = evaluate_gate(after, "1")
+        gate = retire_gate(settings, "1")  # what `gate --retire 1` answers: the same look, never more open
         doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "persons_seeded": summary.persons,
                                           "sandbox": str(sandbox),
                                           "inventory_after": after.as_dict(), "gate_key_1": gate.as_dict()}}

@@ -203,11 +203,12 @@ def discovery_report(sweep: dict[str, Any]) -> str:
     lines = ["", head]
     for f in sweep["discovered"]:
         counts = ", ".join(f"{k}: {n}" for k, n in f["by_key"].items())
-        how = f" (sample of {f['sampled']})" if f["method"] == "sample" else ""
+        how = f" (of {f['tried']} values tried)" if f["method"] == "trial" else ""
         lines.append(f"  {f['column']:<40} {counts}{how}")
     if not sweep["discovered"]:
         lines.append("  no ciphertext found")
     lines += [f"  UNREADABLE: {why}" for why in sweep["unreadable"].values()]
+    lines += [f"  UNSWEPT: {name}: {why}" for name, why in sweep.get("unswept", {}).items()]
     lines += [f"  not swept: {name} ({why})" for name, why in sweep["not_swept"].items()]
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ when it exists: ``conflicts.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,10 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
         ).fetchall()
         for key, excluded_by, n in rows:
             inv.count(scheme.classify_key(key), excluded_by, int(n))
+        unknown = unversioned_excluded(conn, scheme, rule, keys_sql)
+        if unknown:
+            inv.counts["EXCLUDED"] -= unknown
+            inv.add("UNKNOWN", unknown)
     if keys_sql is None or deep:
         # Value by value: every row when the database could not count, else only the in-scope rows.
         where = sql.SQL("true") if keys_sql is None else scope
@@ -189,26 +193,54 @@ def capacity_blocker(conn: psycopg.Connection[Any], scheme: Scheme, tenant: str 
 def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, deep: bool = False,
                    tenant: str | None = None, targets: Sequence[TargetSettings] | None = None,
                    provider: object = None) -> Inventory:
+    with raw_connection(engine) as conn:
+        return inventory_on(conn, settings, keyring, deep=deep, tenant=tenant, targets=targets, provider=provider)
+
+
+# Before a target is read: None to go on, else why it cannot be read as planned (it is BLOCKED).
+HoldTarget = Callable[[psycopg.Connection[Any], ResolvedTarget], "str | None"]
+
+
+def inventory_on(conn: psycopg.Connection[Any], settings: Settings, keyring: Keyring, *, deep: bool = False,
+                 tenant: str | None = None, targets: Sequence[TargetSettings] | None = None,
+                 provider: object = None, hold: HoldTarget | None = None) -> Inventory:
+    """The inventory on ``conn`` (the gate: inside its one snapshot, each target held by ``hold`` first)."""
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
-    with raw_connection(engine) as conn:
-        for t in chosen:
-            try:
-                resolved = resolve_target(conn, t, writing=False)
-                scheme = build_scheme(resolved, keyring, settings.keys, provider)
-            except TargetBlocked as e:
-                result.targets[t.name] = blocked_inventory(t, e.reason)
+    for t in chosen:
+        try:
+            resolved = resolve_target(conn, t, writing=False)
+            scheme = build_scheme(resolved, keyring, settings.keys, provider)
+        except TargetBlocked as e:
+            result.targets[t.name] = blocked_inventory(t, e.reason)
+            continue
+        except ConfigError as e:
+            result.targets[t.name] = blocked_inventory(t, str(e))
+            continue
+        try:
+            held = hold(conn, resolved) if hold is not None else None
+            if held is not None:
+                result.targets[t.name] = blocked_inventory(t, held)
                 continue
-            except ConfigError as e:
-                result.targets[t.name] = blocked_inventory(t, str(e))
-                continue
-            try:
-                result.targets[t.name] = inventory_target(conn, scheme, deep=deep, tenant=tenant)
-                if t.tenant:
-                    result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, resolved, tenant)
-            except psycopg.Error as e:
-                raise DatabaseError(f"inventory of target {t.name} failed ({describe_db_error(e)})") from None
+            result.targets[t.name] = inventory_target(conn, scheme, deep=deep, tenant=tenant)
+            if t.tenant:
+                result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, resolved, tenant)
+        except psycopg.Error as e:
+            raise DatabaseError(f"inventory of target {t.name} failed ({describe_db_error(e)})") from None
     return result
+
+
+def unversioned_excluded(conn: psycopg.Connection[Any], scheme: Scheme, rule: sql.Composable,
+                         keys_sql: list[tuple[sql.Composable, sql.Composable]]) -> int:
+    """Out-of-scope rows whose key is unknown (NULL) while a cipher column holds a value: what they are under
+    cannot be told, so they are UNKNOWN whatever their scope (a soft-deleted row too)."""
+    target = scheme.target
+    unnamed = sql.SQL(" OR ").join(sql.SQL("({} AND {} IS NULL)").format(p, k) for k, p in keys_sql)
+    held = sql.SQL(" OR ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("t", c.name))
+                                for c in target.columns)
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {rule} IS NOT NULL AND ({unnamed}) AND ({held})"
+                               ).format(rel=target.relation, rule=rule, unnamed=unnamed, held=held)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def tenants_in_scope(conn: psycopg.Connection[Any], target: ResolvedTarget, tenant: str | None) -> list[str]:

@@ -7,6 +7,7 @@ Never stored, logged or shown: a key, or anything from which one could be guesse
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from collections.abc import Mapping, Sequence
@@ -122,19 +123,22 @@ def _transit_checks(keyring: Keyring, provider: KeyProvider) -> list[KeyCheck]:
     return sorted(checks, key=lambda c: sort_key(c.key_id))
 
 
-def confirm_key_identity(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
-                         record: bool, run_id: str | None = None) -> KeyIdentity:
+def confirm_key_identity(engine: sa.Engine | None, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
+                         record: bool, run_id: str | None = None,
+                         on: psycopg.Connection[Any] | None = None) -> KeyIdentity:
     """Compare every key of ``keyring`` with the check value recorded for its id; ``record``: first
     record the ids nothing was recorded for (a non-dry run; a dry run and a gate only compare).
 
     ``KeyIdentityMismatch`` (exit 2) names the first id that differs; a role that may not create,
     write or read the table is refused with the privilege to grant. Nothing is written on a refusal.
+    ``on``: read on that connection (the gate: inside its one snapshot) instead of one of ``engine``'s.
     """
     checks = key_checks_for(settings, keyring, provider)
     if not checks:
         return KeyIdentity()
     by = f"host {socket.gethostname()}" + (f" run {run_id}" if run_id else "")
-    with raw_connection(engine) as conn:
+    connection = contextlib.nullcontext(on) if on is not None else raw_connection(_engine(engine))
+    with connection as conn:
         role = conn.info.user or "?"
         try:
             if not record and not _table_exists(conn):
@@ -176,6 +180,12 @@ def confirm_key_identity(engine: sa.Engine, settings: Settings, keyring: Keyring
               compared=len(identity.compared), recorded=identity.recorded_now or None,
               not_recorded=identity.not_recorded or None)
     return identity
+
+
+def _engine(engine: sa.Engine | None) -> sa.Engine:
+    if engine is None:
+        raise ValueError("confirm_key_identity needs an engine or a connection")
+    return engine
 
 
 def _compare(checks: Sequence[KeyCheck], recorded: Mapping[str, Sequence[Any]], by: str) -> KeyIdentity:

@@ -168,7 +168,7 @@ def test_partitions_are_swept_once_materialized_views_are_copies_and_a_configure
 # -- aesgcm: sampling -------------------------------------------------------------------------------------
 
 
-def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the_gate_by_sample(
+def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the_gate_by_trying_every_value(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     create_people(pg_conn, keys_file)  # 12 rows on key 1, key 2 current
     pg_conn.execute("CREATE SCHEMA backup")
@@ -185,15 +185,15 @@ def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the
     assert report.blocking["OUTSIDE_TARGETS"] == 12 + 5
     assert by_column(report.as_dict()) == {
         "backup.people.name_cipher": {"column": "backup.people.name_cipher", "by_key": {"1": 12},
-                                      "method": "sample", "sampled": 12},
+                                      "method": "trial", "tried": 12},
         "public.exported.name_b64": {"column": "public.exported.name_b64", "by_key": {"1": 5},
-                                     "method": "sample", "sampled": 5}}
+                                     "method": "trial", "tried": 5}}
     pg_conn.execute("DROP SCHEMA backup CASCADE")
     pg_conn.execute("DROP TABLE exported")
     assert retire_gate(settings, "1").open
 
 
-def test_a_large_copy_is_found_on_random_pages_with_a_bounded_sample(
+def test_a_large_copy_is_tried_value_by_value_and_every_value_under_the_key_is_counted(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     provider = create_people(pg_conn, keys_file)
     ciphers = AesGcmCipherSet(provider.load_keyring())
@@ -207,11 +207,12 @@ def test_a_large_copy_is_found_on_random_pages_with_a_bounded_sample(
     settings = settings_for(database_url, keys_file)
     assert rotation.run_rotation(settings).exit_code == 0
 
+    # discover_sample no longer bounds anything: every value is tried.
     report = retire_gate(settings.model_copy(update={"gate": settings.gate.model_copy(
         update={"discover_sample": 50})}), "1")
 
     found = by_column(report.as_dict())["public.big_copy.blob"]
-    assert found["sampled"] == 50 and 0 < found["by_key"]["1"] < 50 and not report.open
+    assert found["tried"] == 6000 and found["by_key"] == {"1": 3000} and not report.open
 
 
 def test_the_runs_gate_section_sweeps_too_and_names_the_column(
@@ -252,7 +253,7 @@ def test_a_table_the_role_cannot_read_closes_the_gate_named_and_discover_skip_op
 
 def test_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pinrotate_core.gate.discover as discover_module
+    import pinrotate_core.gate.snapshot as discover_module
 
     # The sweep's lock_timeout (5 s) is what PostgreSQL gives up after; the lock and the refusal
     # are real either way, and the test needs no more than a quarter of a second of it.
@@ -298,10 +299,10 @@ def test_inventory_discover_lists_every_find_with_counts_per_key(primary_databas
     assert doc["targets"]["People"]["by_key"] == {"1": 12}
     assert doc["discovered"] == [
         {"column": "public.free_text.body", "by_key": {"7": 1}, "method": "pattern"},
-        {"column": "public.people_copy.name_cipher", "by_key": {"1": 12}, "method": "sample", "sampled": 12}]
+        {"column": "public.people_copy.name_cipher", "by_key": {"1": 12}, "method": "trial", "tried": 12}]
     assert doc["discovery"]["unreadable"] == {} and doc["discovery"]["tables_swept"] >= 2
     code, human, err = cli("inventory", "--discover", "--config", str(config))
-    assert code == 0 and "public.people_copy.name_cipher" in human and "1: 12 (sample of 12)" in human
+    assert code == 0 and "public.people_copy.name_cipher" in human and "1: 12 (of 12 values tried)" in human
     code, human, err = cli("gate", "--retire", "1", "--config", str(config))
     assert code == 3 and "OUTSIDE_TARGETS=12" in human and "public.people_copy.name_cipher" in human, err
 

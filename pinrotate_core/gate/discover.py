@@ -4,33 +4,33 @@ The gate sees configured columns; an archive table, a copy in another schema or 
 ``json_paths`` can still hold values under KEY. The sweep looks at every other column of every table,
 partition and materialized view of the database: text, JSON and bytea columns for FPC1 (local keyrings)
 or ``vault:v<N>:`` (Transit) values by key id, one scan per table for every key at once; bytea and
-base64 text columns by trying the held keys on a bounded sample. It reports names and counts, never a
-value; it never writes.
+every candidate value of every other column by trying the keys on it (``sweep_trial``, nothing sampled),
+and large objects. It reads in the gate's snapshot (``snapshot``), relations by identity. It reports names
+and counts, never a value; it never writes.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 
 from ..config import Settings
-from ..db import database_url, describe_db_error, make_engine, raw_connection
+from ..db import database_url, describe_db_error, make_engine
 from ..errors import DatabaseError
 from ..forge_discovery import with_forge_targets
 from ..keyring import Keyring, is_version
-from ..log import log_event
 from ..providers import build_provider
+from .snapshot import current_name, hold, one_moment
 from .sweep_plan import plan_sweep
-from .sweep_reads import Find, SampleKeys, json_path_counts, pattern_counts, sample_finds
+from .sweep_reads import FPC1_FIND, TRANSIT_FIND, Find, json_path_counts, pattern_counts
+from .sweep_trial import TrialKeys, large_object_finds, trial_finds
 from .verdict import GateReport
-
-LOCK_TIMEOUT: Final = "5s"  # a table locked by DDL longer than this is reported unreadable: closed
 
 
 @dataclass
@@ -39,8 +39,9 @@ class Discovery:
 
     server_side: bool
     finds: list[Find] = field(default_factory=list)
-    unreadable: dict[str, str] = field(default_factory=dict)  # schema.table -> one-line reason
-    not_swept: dict[str, str] = field(default_factory=dict)  # schema.table[.column] -> why (never blocks)
+    unreadable: dict[str, str] = field(default_factory=dict)  # schema.table -> one-line reason (blocks)
+    unswept: dict[str, str] = field(default_factory=dict)  # schema.table -> why it cannot be searched (blocks)
+    not_swept: dict[str, str] = field(default_factory=dict)  # schema.table[.column] -> discover_skip (never blocks)
     tables: int = 0
     columns: int = 0
     seconds: float = 0.0
@@ -56,13 +57,13 @@ class Discovery:
 
     def blocking(self, key: str) -> dict[str, int]:
         outside = sum(n for f in self.finds for k, n in f.by_key.items() if self.blocks(k, key))
-        return {"OUTSIDE_TARGETS": outside, "UNREADABLE": len(self.unreadable)}
+        return {"OUTSIDE_TARGETS": outside, "UNREADABLE": len(self.unreadable), "UNSWEPT": len(self.unswept)}
 
     def as_dict(self, key: str | None = None) -> dict[str, Any]:
         """Every find (``key`` None: ``inventory --discover``), or the finds that block ``key``."""
         finds = self.finds if key is None else self.on_key(key)
         return {"discovered": [f.as_dict() for f in finds], "unreadable": dict(self.unreadable),
-                "not_swept": dict(self.not_swept), "tables_swept": self.tables, "columns_swept": self.columns,
+                "unswept": dict(self.unswept), "not_swept": dict(self.not_swept), "tables_swept": self.tables, "columns_swept": self.columns,
                 "seconds": round(self.seconds, 3)}
 
 
@@ -75,39 +76,46 @@ def apply_discovery(report: GateReport, discovery: Discovery) -> None:
     report.discovery = discovery.as_dict(report.key)
 
 
-def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: Keyring) -> Discovery:
-    """Sweep the database behind ``conn`` (each table read, and locked, in a transaction of its own).
+def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: Keyring,
+                   key_ids: Sequence[str] | None = None) -> Discovery:
+    """Sweep the database behind ``conn``, which must be inside the gate's snapshot (``snapshot.one_moment``):
+    every relation is planned by oid in that snapshot, locked and checked to be the one planned
+    (``snapshot.hold``), then read completely. ``key_ids``: the keys binary values are tried with (None:
+    every key of the keyring); FPC1 / Transit key ids are counted for every key at once.
 
-    A table dropped meanwhile is gone (nothing to find); one locked by DDL past ``LOCK_TIMEOUT``, or one the
-    role turns out not to read, is unreadable (closes every gate). Other database errors: DatabaseError.
+    A relation that cannot be read as planned (dropped, rewritten or renamed away meanwhile, locked by DDL,
+    not readable by the role) is UNREADABLE; one that cannot be searched is UNSWEPT; both close every gate.
     """
     started = time.monotonic()
     discovery = Discovery(server_side=keyring.server_side)
-    keys = None if keyring.server_side else SampleKeys(keyring)
-    set_lock_timeout = sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT))
+    keys = None if keyring.server_side else TrialKeys(keyring, key_ids)
     try:
         plan = plan_sweep(conn, settings)
-        discovery.unreadable, discovery.not_swept = plan.unreadable, plan.not_swept
+        discovery.unreadable, discovery.unswept = plan.unreadable, plan.unswept
+        discovery.not_swept = plan.not_swept
         for table in plan.tables:
+            reason = hold(conn, table.oid, table.label)
+            if reason is not None:
+                discovery.unreadable[table.label] = reason
+                continue
+            table.name_now = current_name(conn, table.oid)
             try:
-                # One transaction a table, its lock_timeout with it (SET LOCAL: behind a transaction
-                # pooler nothing pinrotate sets may outlive its transaction).
                 with conn.transaction():
-                    conn.execute(set_lock_timeout)
                     found = pattern_counts(conn, table, keyring.server_side)
                     found.update(json_path_counts(conn, table, keyring.server_side))
                     discovery.finds += [Find(f"{table.label}.{name}", dict(counts), "pattern")
                                         for name, counts in found.items()]
                     if keys is not None:
-                        discovery.finds += sample_finds(conn, table, keys, settings.gate.discover_sample)
-            except psycopg.errors.UndefinedTable:
-                continue
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as e:
+                        discovery.finds += trial_finds(conn, table, keys)
+            except (psycopg.errors.UndefinedTable, psycopg.errors.LockNotAvailable,
+                    psycopg.errors.InsufficientPrivilege) as e:
                 discovery.unreadable[table.label] = (f"cannot read {table.label} ({describe_db_error(e)}): the sweep "
                                                      "cannot see it; grant SELECT or list it in [gate] discover_skip")
                 continue
             discovery.tables += 1
             discovery.columns += len(table.columns)
+        pattern = re.compile((TRANSIT_FIND if keyring.server_side else FPC1_FIND).encode("ascii"))
+        discovery.finds += large_object_finds(conn, keys, pattern, discovery.unreadable)
     except psycopg.Error as e:
         raise DatabaseError(f"the sweep outside the targets failed ({describe_db_error(e)})") from None
     discovery.seconds = time.monotonic() - started
@@ -115,9 +123,9 @@ def sweep_database(conn: psycopg.Connection[Any], settings: Settings, keyring: K
 
 
 def discover_outside_targets(engine: sa.Engine, settings: Settings, keyring: Keyring) -> Discovery:
-    """The sweep on a connection of its own."""
-    with raw_connection(engine) as conn:
-        return sweep_database(conn, settings, keyring)
+    """The sweep in a snapshot of its own (``inventory --discover``)."""
+    with one_moment(engine) as moment:
+        return sweep_database(moment.conn, settings, keyring)
 
 
 def discover(settings: Settings) -> Discovery:
@@ -131,26 +139,9 @@ def discover(settings: Settings) -> Discovery:
         engine.dispose()
 
 
-def sweep_for_run(engine: sa.Engine, settings: Settings, keyring: Keyring, verdicts: Mapping[str, GateReport],
-                  run_id: str) -> None:
-    """The run's gate: one sweep for every older key at once, only when some key would otherwise be open
-    (the sweep can only close a gate). A sweep that fails closes every key, with the reason logged."""
-    if not any(report.open for report in verdicts.values()):
-        return
-    try:
-        discovery = discover_outside_targets(engine, settings, keyring)
-    except DatabaseError as e:
-        log_event("gate_sweep_failed", level=40, run_id=run_id, error=str(e))
-        for report in verdicts.values():
-            report.open = False
-            report.blocking["UNSWEPT"] = 1
-        return
-    for report in verdicts.values():
-        apply_discovery(report, discovery)
-
-
 def outside_targets(report: GateReport) -> dict[str, list[str]]:
-    """For the run's gate entry of a key: the columns holding values under it and the unreadable tables."""
+    """For the run's gate entry of a key: the columns holding values under it, the unreadable and unswept tables."""
     names = [f["column"] for f in report.discovery.get("discovered", [])]
     names += list(report.discovery.get("unreadable", {}))
+    names += list(report.discovery.get("unswept", {}))
     return {"outside_targets": names} if names else {}

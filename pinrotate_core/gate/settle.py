@@ -24,6 +24,7 @@ from ..durability import confirm_flushed
 from ..errors import DatabaseError
 from ..log import log_event
 from .settle_result import SettleResult, named
+from .snapshot import wait_for_xids
 from .standbys import settle_standbys
 from .verdict import GateReport
 
@@ -69,6 +70,7 @@ class ReadMark:
     hidden: tuple[Session, ...] = ()  # other roles' sessions whose state this role may not see
     untracked: tuple[Session, ...] = ()  # track_activities = off: xact_start is not reported
     standby: bool = False  # the gate reads a standby: the primary's transactions are not visible
+    xids: tuple[int, ...] = ()  # in progress at the look's snapshot (snapshot.one_moment): waited for too
 
 
 _MARK_SQL = """
@@ -190,6 +192,13 @@ def settle_in_flight(conn: psycopg.Connection[Any], mark: ReadMark, *, wait: flo
                 f"{len(still)} transaction(s) in flight since before the gate read did not end within {wait:g}s:"
                 f" {named([s.describe() for s in still])}", facts)
         time.sleep(POLL_S)
+    open_xids = wait_for_xids(conn, mark.xids, wait=max(0.0, wait - (time.monotonic() - started)))
+    if open_xids:
+        facts["in_flight"]["still_open_xids"] = open_xids[:20]
+        return SettleResult.closed(
+            "IN_FLIGHT", len(open_xids),
+            f"{len(open_xids)} transaction(s) writing when the gate took its snapshot did not end within {wait:g}s:"
+            f" xid {named([str(x) for x in open_xids])}", facts)
     facts["in_flight"]["waited_s"] = round(time.monotonic() - started, 3)
     gids = prepared_transactions(conn)  # prepared while the gate waited
     if gids:
@@ -217,7 +226,7 @@ def settle_open_verdict(engine: sa.Engine, settings: Settings, mark: ReadMark, f
     if not result.ok:
         return first, result
     final = first
-    if mark.in_flight:
+    if mark.in_flight or mark.xids:
         final = look()
         result.facts["in_flight"]["second_look"] = True
         if not is_open(final):

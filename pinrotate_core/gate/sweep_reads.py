@@ -1,6 +1,6 @@
 """How the discovery sweep reads one table: FPC1 / ``vault:v<N>:`` key ids by pattern (one scan, every key
-at once), JSON fields outside the configured paths, and a bounded sample of bytea / base64 text values
-tried with the held keys. Counts per key id only: no value leaves these functions.
+at once, in the text form of every swept column) and JSON fields outside the configured paths. Binary
+ciphertexts are tried value by value in ``sweep_trial``. Counts per key id only: no value leaves here.
 """
 
 from __future__ import annotations
@@ -15,38 +15,31 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg import sql
 
-from .._primitives import EcbPkcs7
-from ..errors import CiphertextInvalid
-from ..keyring import Keyring
 from ..schemes._json_paths import parse_json_path
-from ..schemes.aesgcm import AesGcmCipherSet, ColumnEncoding
-from ..schemes.base import LEGACY_KEY
-from ..schemes.fpc1_values import decrypt_text
 from .sweep_plan import SweptTable
 
 # A key id after any "FPC1:<algorithm>:" (algorithms beyond the two known ones too: fail closed), or a
 # Transit version after "vault:v". Anywhere in a value: inside JSON documents, arrays, free text.
 FPC1_FIND: Final = r"FPC1:[A-Za-z0-9-]{1,16}:([A-Za-z0-9_-]{1,32}):"
 TRANSIT_FIND: Final = r"vault:v([0-9]{1,10}):"
-SAMPLE_MIN_BYTES: Final = 28  # nonce(12) + tag(16): the shortest aesgcm value
-SAMPLE_MAX_BYTES: Final = 1 << 20  # a larger value is not tried (a document, not a PII field)
 FETCH_ROWS: Final = 5000
 
 
 @dataclass(frozen=True)
 class Find:
-    """Values under held keys in one column: ``by_key`` counts values (pattern) or sampled values (sample)."""
+    """Values under held keys in one column: ``by_key`` counts values found by key id (pattern) or by
+    trying the keys on every candidate value (trial: ``sampled`` is how many candidates were tried)."""
 
     column: str
     by_key: dict[str, int]
-    method: Literal["pattern", "sample"]
+    method: Literal["pattern", "trial"]
     sampled: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"column": self.column, "by_key": dict(sorted(self.by_key.items())),
                                "method": self.method}
         if self.sampled is not None:
-            out["sampled"] = self.sampled
+            out["tried"] = self.sampled
         return out
 
 
@@ -151,78 +144,3 @@ def json_path_counts(conn: psycopg.Connection[Any], table: SweptTable, server_si
         if counts:
             out[column.name] = counts
     return out
-
-
-class SampleKeys:
-    """Tries the keyring's local keys (and the legacy key, as Forge's SM4 and AES legacy values) on sampled values."""
-
-    def __init__(self, keyring: Keyring) -> None:
-        self.ciphers = AesGcmCipherSet(keyring)
-        self.ids = keyring.ids()
-        self.legacy: list[EcbPkcs7] = []
-        if keyring.legacy is not None:
-            material = keyring.legacy.material
-            self.legacy = [EcbPkcs7("AES", material)] + ([EcbPkcs7("SM4", material)] if len(material) == 16 else [])
-
-    def key_of(self, blob: bytes) -> str | None:
-        for key_id in self.ids:
-            try:
-                self.ciphers.decrypt(key_id, blob)
-                return key_id
-            except CiphertextInvalid:
-                continue
-        for cipher in self.legacy:
-            # ECB has no tag: a find needs valid padding and UTF-8 text, which random bytes almost never give.
-            try:
-                decrypt_text(cipher, blob)
-                return LEGACY_KEY
-            except CiphertextInvalid:
-                continue
-        return None
-
-
-def sample_finds(conn: psycopg.Connection[Any], table: SweptTable, keys: SampleKeys, per_column: int) -> list[Find]:
-    """Try every held key on up to ``per_column`` candidate values of each bytea / text column of ``table``:
-    random pages (TABLESAMPLE SYSTEM) of a large table, its first rows when small or the pages gave little."""
-    columns = [c for c in table.columns if c.sampled]
-    if not columns:
-        return []
-    exprs = []
-    for column in columns:
-        c = sql.Identifier(column.name)
-        if column.kind == "bytea":
-            exprs.append(sql.SQL("CASE WHEN octet_length({c}) BETWEEN {lo} AND {hi} THEN {c} END").format(
-                c=c, lo=sql.Literal(SAMPLE_MIN_BYTES), hi=sql.Literal(SAMPLE_MAX_BYTES)))
-        else:  # standard base64 with padding of at least nonce and tag
-            exprs.append(sql.SQL("CASE WHEN octet_length({c}::text) BETWEEN 40 AND {hi} AND {c}::text ~ "
-                                 "'^([A-Za-z0-9+/]{{4}})*([A-Za-z0-9+/]{{2}}==|[A-Za-z0-9+/]{{3}}=)?$' "
-                                 "THEN {c}::text END").format(c=c, hi=sql.Literal(SAMPLE_MAX_BYTES * 4 // 3 + 4)))
-    rows_wanted = per_column * 4
-    select = sql.SQL("SELECT {} FROM ONLY {} AS t").format(sql.SQL(", ").join(exprs), table.relation)
-    rows: list[tuple[Any, ...]] = []
-    if table.est_rows > rows_wanted * 4:
-        percent = min(100.0, 100.0 * 2 * rows_wanted / table.est_rows)
-        # Shuffled before the limit: the sampled pages come in physical order, and a LIMIT alone would
-        # keep the first of them (old rows) and never the rows an UPDATE moved to the end.
-        rows = conn.execute(sql.SQL("{} TABLESAMPLE SYSTEM ({}) ORDER BY random() LIMIT {}").format(
-            select, sql.Literal(percent), sql.Literal(rows_wanted))).fetchall()
-    if len(rows) < rows_wanted // 4:
-        rows += conn.execute(sql.SQL("{} LIMIT {}").format(select, sql.Literal(rows_wanted))).fetchall()
-    finds = []
-    for j, column in enumerate(columns):
-        candidates = [row[j] for row in rows if row[j] is not None][:per_column]
-        by_key: Counter[str] = Counter()
-        for stored in candidates:
-            if column.kind == "bytea":
-                blob = bytes(stored)
-            else:
-                try:
-                    blob = ColumnEncoding.BASE64_TEXT.to_bytes(stored)
-                except CiphertextInvalid:
-                    continue
-            key = keys.key_of(blob)
-            if key is not None:
-                by_key[key] += 1
-        if by_key:
-            finds.append(Find(f"{table.label}.{column.name}", dict(by_key), "sample", sampled=len(candidates)))
-    return finds
