@@ -27,11 +27,12 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from flows import reports
 from flows.api_watch import (
     ORCHESTRATOR_GRACE_S,
+    STOP_SIGNALS,
     ApiWatch,
     OrchestratorLost,
     cancellation_watch,
     quiet_prefect_clients_while_api_away,
-    sigterm_cancels,
+    signals_cancel,
 )
 from flows.runtime import (
     ClusterUnavailable,
@@ -39,6 +40,7 @@ from flows.runtime import (
     RunEndedWithReport,
     RunFailedClosed,
     RunProgress,
+    ShardCancelled,
     api_url,
     lines_from_workers,
     quiet_fail_closed_tracebacks,
@@ -99,7 +101,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                             engine=make_engine(database_url(settings), pool_size=1))
     stop = threading.Event()
     try:
-        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop) as api:
+        with signals_cancel(flow_run_id, stop), cancellation_watch(flow_run_id, stop) as api:
             spec = dataclasses.replace(spec, current_key=read_current_key(spec))
             with rotation.single_instance(ctx) as got:
                 if not got:
@@ -166,6 +168,8 @@ class ShardDrains:
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
             doc = future.result(raise_on_failure=True)
+        except ShardCancelled as e:  # stopped by the cancellation: its task run is Cancelled, its counts ride along
+            doc = e.report
         except Exception as e:  # noqa: BLE001 - whatever ended the task (a lost worker, an abort), the shard is not done
             if stop.is_set():
                 # Cancelling: the API refuses to start new task runs; the shard's rows stay for the next run.
@@ -273,6 +277,7 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api:
     # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.
     rotation.record_run_conflicts(ctx, report.targets, drains.sharded())
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
+    report.interrupted = report.cancelled and STOP_SIGNALS.interrupted()
     _recount(spec, report, drains.uncounted_targets())
     results = {name: result_as_dict(r) for name, r in report.targets.items()}
     if api.lost or drains.orchestrator_lost:

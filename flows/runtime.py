@@ -237,6 +237,11 @@ class RunCancelled(RunEndedWithReport):
     run's Cancelled state."""
 
 
+class ShardCancelled(RunEndedWithReport):
+    """A shard stopped by the run's cancellation (or never started because of it): the data of its
+    task run's Cancelled state, its result document riding along for the flow."""
+
+
 class ClusterUnavailable(PinrotateError):
     """The Dask cluster cannot be reached (``[job] dask_address``) or started: exit code 4, as for a
     database or key provider that cannot be reached; nothing was drained."""

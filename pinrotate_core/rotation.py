@@ -44,6 +44,7 @@ EXIT_CONFIG = 2
 EXIT_GATE_CLOSED = 3
 EXIT_FAIL_CLOSED = 4
 EXIT_TERMINATED = 143
+EXIT_INTERRUPTED = 130  # the same graceful stop as 143, asked for by a Ctrl-C (SIGINT)
 
 LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
 VERIFY_SAMPLE = 64
@@ -58,13 +59,14 @@ class RunReport:
     verified: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
     cancelled: bool = False
+    interrupted: bool = False  # the cancellation was a Ctrl-C (SIGINT): exit 130 rather than 143
     skipped: str | None = None  # e.g. another run holds the single-instance lock
     duration_ms: float = 0.0
 
     @property
     def exit_code(self) -> int:
         if self.cancelled:
-            return EXIT_TERMINATED
+            return EXIT_INTERRUPTED if self.interrupted else EXIT_TERMINATED
         if any(r.stopped == STOP_KEY_MISMATCH for r in self.targets.values()):
             return EXIT_CONFIG  # a worker's keyring disagrees with the recorded key: a refusal, not an outage
         if any(r.fail_closed for r in self.targets.values()):
