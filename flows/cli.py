@@ -264,7 +264,7 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) -> int:
     """Run the flow here and print its report. ``server``: the run's temporary Prefect server, if any."""
-    from flows.api_watch import STOP_SIGNALS
+    from flows.api_watch import API_ERRORS, STOP_SIGNALS
     from flows.flow import RunOutcome, run_flow
     from flows.prefect_api import api_lost_message
 
@@ -288,7 +288,18 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
         os._exit(lost.exit_code)
 
     STOP_SIGNALS.at_once = end_at_once
-    outcome = run_flow(on_orchestrator_lost=end_now, **params)
+    try:
+        outcome = run_flow(on_orchestrator_lost=end_now, **params)
+    except API_ERRORS as e:  # the API went away between the check and the flow run's creation
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(f"the Prefect API stopped answering "
+                                                                    f"({type(e).__name__}); nothing was run",
+                                                                    temporary=server is not None))
+    except RuntimeError as e:
+        if not isinstance(e.__cause__, API_ERRORS):  # Prefect's "Failed to reach API at ..."
+            raise
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(
+            f"the Prefect API stopped answering ({type(e.__cause__).__name__}); nothing was run",
+            temporary=server is not None))
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))
