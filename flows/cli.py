@@ -19,7 +19,16 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from flows.prefect_api import PrefectApiUnreachable
-from flows.reports import discovery_report, emit, fail, gate_summary, inventory_report, run_report
+from flows.reports import (
+    database_named,
+    decided_for,
+    discovery_report,
+    emit,
+    fail,
+    gate_summary,
+    inventory_report,
+    run_report,
+)
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -252,7 +261,7 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
                             expected_key=ns.expected_key_version, tenant=ns.tenant)
     try:
         try:
-            rotation.read_current_key(ctx, announce=False)
+            rotation.read_current_key(ctx, announce=False, record=False)
         except KeyUnavailable as e:
             if e.retryable:
                 return
@@ -346,7 +355,10 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
                          erase_excluded=ns.erase_excluded)
     d = report.as_dict()
-    human = gate_summary(d) + discovery_report(d.get("discovery", {}))
+    # What the verdict was decided for: two configurations sharing one key file must not be confused.
+    d["database"] = database_named(report.database)
+    d["keyring"] = {"provider": settings.keys.provider, "source": report.keyring_source}
+    human = gate_summary(d) + "\n" + decided_for(d["database"], d["keyring"]) + discovery_report(d.get("discovery", {}))
     if d.get("key_identity", {}).get("recorded") is False:
         human += f"\nnote: {d['key_identity']['note']} ({d['key_identity']['table']})"
     if ticket is not None or ns.record is not None:
