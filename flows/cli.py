@@ -276,6 +276,7 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
     from flows.api_watch import API_ERRORS, STOP_SIGNALS
     from flows.flow import RunOutcome, run_flow
     from flows.prefect_api import api_lost_message
+    from flows.terminal_progress import SHOW_PROGRESS, wanted
 
     install_stop_handlers()
 
@@ -297,6 +298,7 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
         os._exit(lost.exit_code)
 
     STOP_SIGNALS.at_once = end_at_once
+    SHOW_PROGRESS.set(wanted(ns.json))
     try:
         outcome = run_flow(on_orchestrator_lost=end_now, **params)
     except API_ERRORS as e:  # the API went away between the check and the flow run's creation

@@ -60,6 +60,7 @@ from flows.tasks import (
     stopped_result,
     verify,
 )
+from flows.terminal_progress import TargetsProgress, terminal_progress
 from flows.throttle import VariableThrottleControl
 from flows.worker_logs import batch_progress
 from pinrotate_core import rotation
@@ -139,6 +140,7 @@ class ShardDrains:
         self.progress = progress
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
         self.orchestrator_lost = False  # a drain's own watch found the Prefect API gone
+        self.terminal: TargetsProgress | None = None  # the display on an interactive terminal, if any
 
     def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
         """Largest planned backlog first, over every target (longest-processing-time first): the
@@ -164,6 +166,8 @@ class ShardDrains:
             r = shard.result
             self.progress.advance(r.reencrypted + len(r.failed),
                                   recount=r.reencrypted + r.backlog_remaining - shard.rows, target=shard.target)
+            if self.terminal is not None:
+                self.terminal.settle(shard.target, r.reencrypted + r.backlog_remaining - shard.rows)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
@@ -268,10 +272,22 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api:
         plan = planning.result()
         progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
         drains = ShardDrains(spec, plan, progress)
-        with batch_progress(spec.run_id, progress.batch), lines_from_workers(runner, spec.run_id), \
-                operator_watch(progress, settings.job.throttle_variable):
-            drains.submit(runner, stop)
-            drains.collect(stop)
+        title = f"pinrotate run {spec.run_id}: rows to key {spec.current_key}" + (" (dry run)" if spec.dry_run else "")
+        with terminal_progress(title) as terminal:
+            drains.terminal = terminal
+            for p in plan:
+                if terminal is not None:
+                    terminal.target(p["target"], p["rows"])
+
+            def on_batch(target: str, rows: int) -> None:
+                progress.batch(target, rows)
+                if terminal is not None:
+                    terminal.advance(target, rows)
+
+            with batch_progress(spec.run_id, on_batch), lines_from_workers(runner, spec.run_id), \
+                    operator_watch(progress, settings.job.throttle_variable):
+                drains.submit(runner, stop)
+                drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
     # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.
