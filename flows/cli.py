@@ -10,11 +10,12 @@ the same stop asked for by Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -354,8 +355,9 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
 def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
-    report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
-                         erase_excluded=ns.erase_excluded)
+    with deep_pass_display(ns):
+        report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                             erase_excluded=ns.erase_excluded)
     d = report.as_dict()
     # What the verdict was decided for: two configurations sharing one key file must not be confused.
     d["database"] = database_named(report.database)
@@ -369,6 +371,25 @@ def cmd_gate(ns: argparse.Namespace) -> int:
         human += f"\nrecord for ticket {ticket or '-'} written to {path} (counts and names only, no value or key)"
     emit(ns, d, human)
     return rotation.EXIT_OK if report.open else rotation.EXIT_GATE_CLOSED
+
+
+@contextlib.contextmanager
+def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
+    """On an interactive terminal (stderr a TTY, no ``--json``), the gate's deep pass shows rows read
+    of each target, the rate and the time left; elsewhere nothing is drawn (nor imported)."""
+    if ns.shallow or ns.json or not sys.stderr.isatty():
+        yield
+        return
+    from flows.terminal_progress import SHOW_PROGRESS, terminal_progress
+    from pinrotate_core.inventory import DEEP_PASS_PROGRESS
+
+    SHOW_PROGRESS.set(True)
+    with terminal_progress(f"gate --retire {ns.retire}: deep pass, every value decrypted") as display:
+        token = DEEP_PASS_PROGRESS.set(display)
+        try:
+            yield
+        finally:
+            DEEP_PASS_PROGRESS.reset(token)
 
 
 def cmd_grants(ns: argparse.Namespace) -> int:

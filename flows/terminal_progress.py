@@ -75,6 +75,14 @@ class TargetsProgress:
                 task = self._tasks[name]
                 self.progress.update(task, total=max(0, (self.progress.tasks[task].total or 0) + backlog))
 
+    def start(self, name: str, rows: int) -> None:
+        """A pass over ``name`` begins (again, for a gate's second look): ``rows`` to read."""
+        with self._lock:
+            if name in self._tasks:
+                self.progress.reset(self._tasks[name], total=max(0, rows))
+            else:
+                self._tasks[name] = self.progress.add_task(name, total=max(0, rows))
+
     def advance(self, name: str, rows: int) -> None:
         with self._lock:
             task = self._tasks.get(name)

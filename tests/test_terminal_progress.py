@@ -79,3 +79,14 @@ def test_without_a_terminal_no_display_is_drawn_and_the_log_lines_stay(
     assert code == 0, err
     assert ESCAPE not in err and "rows/s" not in err
     assert "event=batch_processed" in err
+
+
+def test_the_gate_deep_pass_on_a_terminal_shows_rows_read_per_target(primary_database_url: str,
+                                                                    tmp_path: Path) -> None:
+    profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **JOB)
+    code, out, shown = run_on_a_terminal(["gate", "--retire", "1", "--config", str(profile.config_path)],
+                                         dict(os.environ))
+    assert code == 3, shown[-4000:]  # nothing moved yet: closed
+    assert ESCAPE in shown and "deep pass" in shown and "rows/s" in shown, shown[-4000:]
+    assert "Person" in shown and f"{ROWS}/{ROWS}" in shown, shown[-4000:]
+    assert "gate for key 1: CLOSED" in out
