@@ -242,11 +242,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
     from flows.prefect_api import check_prefect_api, temporary_server
 
-    check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
-    preflight(settings, ns)
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
-    # that a Ctrl-C reaches the run, not its server; it is stopped after the run has reported.
+    # that a Ctrl-C reaches the run, not its server; it is stopped after the run has reported. It is
+    # spawned first, so that its start-up (seconds) overlaps the checks below.
     with temporary_server() as server:
+        check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
+        preflight(settings, ns)
+        from flows import flow  # noqa: F401 - imported while the server starts, not after
+
+        if server is not None:
+            server.start()  # waits until it answers
         return run_through_flow(ns, server, config_path=ns.config, dry_run=ns.dry_run,
                                 targets=ns.target or None, tenant=ns.tenant,
                                 expected_key_version=ns.expected_key_version)

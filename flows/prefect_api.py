@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,30 +93,55 @@ def _parent_death_signal() -> Any:
     return set_it
 
 
-def _own_session_server_class() -> type[Any]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn_server(port: int) -> subprocess.Popen[Any]:
+    """Prefect's own temporary-server command (``SubprocessASGIServer._run_uvicorn_command``), in a
+    session of its own, spawned without importing Prefect's server code here."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "error", "--lifespan", "on"],
+        env=env, start_new_session=True, preexec_fn=_parent_death_signal())
+
+
+def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
     from prefect.server.api.server import SubprocessASGIServer
 
     class OwnSessionServer(SubprocessASGIServer):
         """Prefect's temporary server, started in a session of its own: a Ctrl-C at the terminal
         reaches the whole foreground process group, and the run needs its server to record the stop
-        it asked for (before, SIGINT killed the server and the run hung for minutes)."""
+        it asked for (before, SIGINT killed the server and the run hung for minutes). Its process
+        was spawned before (``early``): ``start`` waits for it to answer, as Prefect's does."""
+
+        early: subprocess.Popen[Any] | None = None
+        previous: Any = None  # the server registered under port None before this one, if any
 
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            # Prefect's own command (prefect.server.api.server.SubprocessASGIServer), in a new session.
-            import prefect
-            from prefect.settings import get_current_settings
+            if self.early is not None:  # Prefect's start() takes the process spawned before
+                spawned, self.early = self.early, None
+                return spawned
+            assert self.port is not None
+            return _spawn_server(self.port)  # the port was taken meanwhile (exit 3): another one
 
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                   "PREFECT__SERVER_FINAL": "1",
-                   **get_current_settings().to_environment_variables(exclude_unset=True)}
-            return subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "error", "--lifespan", "on"],
-                env=env, start_new_session=True,
-                preexec_fn=_parent_death_signal())
+        def stop(self) -> None:
+            if self.early is not None:  # spawned, never started: the run refused to start
+                self.server_process, self.early = self.early, None
+            super().stop()
 
-    return OwnSessionServer
+    previous = SubprocessASGIServer._instances.pop(None, None)
+    server = OwnSessionServer()  # registered under port None: Prefect's clients find it
+    server.port, server.early, server.previous = port, early, previous
+    return server
 
 
 def _flush_to(server: Any, timeout: float = 10.0) -> None:
@@ -133,20 +159,20 @@ def _flush_to(server: Any, timeout: float = 10.0) -> None:
 def temporary_server() -> Iterator[Any]:
     """Without ``PREFECT_API_URL``: the temporary Prefect server of this run (yielded), in its own
     session, registered where Prefect looks for its ephemeral server, and stopped when the block
-    ends (after the run has reported). With ``PREFECT_API_URL``: None."""
-    from prefect.server.api.server import SubprocessASGIServer
+    ends (after the run has reported). It is spawned at once, before Prefect's server code is
+    imported here; the caller's ``server.start()`` waits until it answers (called just before the
+    flow, so that the server's start-up overlaps the run's checks). With ``PREFECT_API_URL``: None."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         yield None
         return
-    previous = SubprocessASGIServer._instances.pop(None, None)
-    server = _own_session_server_class()()  # registered under port None: Prefect's clients find it
+    port = _free_port()
+    server = _own_session_server(port, _spawn_server(port))
     try:
-        server.start()
         yield server
     finally:
         _flush_to(server)
         server.stop()
-        if previous is not None:
-            SubprocessASGIServer._instances[None] = previous
+        if server.previous is not None:
+            type(server)._instances[None] = server.previous
