@@ -42,6 +42,7 @@ from flows.runtime import (
     RunProgress,
     ShardCancelled,
     api_url,
+    batch_lines_at_debug_in_the_ui,
     lines_from_workers,
     quiet_fail_closed_tracebacks,
     start_workers,
@@ -91,6 +92,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                      tenant: str | None = None, expected_key_version: str | None = None) -> Any:
     """One rotation run. Parameters name things only: no key, value or secret is ever a parameter."""
     configure_stderr_logging()
+    batch_lines_at_debug_in_the_ui()
     settings = load_settings(config_path)
     flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     spec = RunSpec(config_path=str(resolve_config_path(config_path).resolve()), run_id=flow_run_id,
