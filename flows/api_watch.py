@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 from uuid import UUID
@@ -184,33 +184,89 @@ def cancellation_watch(flow_run_id: str, stop: threading.Event, every: float = C
         done.set()
 
 
+class _StopSignals:
+    """The stop signals this process received (one record per process): the first one (SIGTERM or
+    SIGINT) stops the run between batches and decides its exit code (143 or 130); a Ctrl-C after it
+    stops the process at once, through ``at_once`` (set by the CLI: one line, its temporary server
+    stopped, exit 130). Without ``at_once`` (a worker's process) the second Ctrl-C is Python's own
+    KeyboardInterrupt. Either way the open batch rolls back with its connection; nothing committed
+    is lost."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.at_once: Callable[[], None] | None = None
+
+    def interrupted(self) -> bool:
+        """Was the first stop a Ctrl-C (exit 130 rather than 143)?"""
+        return self.first == signal.SIGINT
+
+
+STOP_SIGNALS = _StopSignals()
+
+
 @contextlib.contextmanager
-def sigterm_cancels(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
-    """While the block runs (in the main thread), SIGTERM cancels the flow run through the API.
+def signals_cancel(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM or SIGINT cancels the flow run through the API.
 
     Prefect's own handler raises TerminationSignal wherever the main thread happens to be (in the
-    middle of submitting a task, even inside a serializer that wraps it in another exception); this
-    one only sets ``stop`` and cancels the flow run, which every drain of the run, in any process,
-    sees within a second and stops between batches. The flow then reports as usual (exit 143).
+    middle of submitting a task, even inside a serializer that wraps it in another exception), and
+    a Ctrl-C is a KeyboardInterrupt there, which crashes the flow run while its shards drain on;
+    this one only sets ``stop`` and cancels the flow run, which every drain of the run, in any
+    process, sees within a second and stops between batches. The flow then reports as usual (exit
+    143, or 130 for a Ctrl-C) and ends Cancelled. A second Ctrl-C stops at once (``STOP_SIGNALS``).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
+        if STOP_SIGNALS.first is not None:
+            if signum == signal.SIGINT:
+                stop_at_once(flow_run_id)
             return
+        STOP_SIGNALS.first = signum
+        already = stop.is_set()
         stop.set()
-        log_event("cancel_requested", run_id=flow_run_id, reason="sigterm")
-        # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
-        threading.Thread(target=contextvars.copy_context().run, args=(cancel_flow_run, flow_run_id),
-                         name="cancel-flow-run", daemon=True).start()
+        log_event("cancel_requested", run_id=flow_run_id, reason=signal.Signals(signum).name.lower())
+        if signum == signal.SIGINT:
+            log_event("stopping", run_id=flow_run_id,
+                      hint="stopping between batches; press Ctrl-C again to stop at once (the open batch "
+                           "rolls back)")
+        if not already:
+            # Not in the handler itself: an HTTP call may not run inside whatever the signal interrupted.
+            threading.Thread(target=contextvars.copy_context().run,
+                             args=(cancel_flow_run, flow_run_id, signal.Signals(signum).name),
+                             name="cancel-flow-run", daemon=True).start()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def stop_at_once(flow_run_id: str | None) -> None:
+    """A second Ctrl-C: record the flow run Cancelled if the API answers within a second or two,
+    then end the process (the CLI's ``at_once``), or raise KeyboardInterrupt where there is none."""
+    if flow_run_id is not None:
+        marker = threading.Thread(target=contextvars.copy_context().run, args=(_mark_cancelled, flow_run_id),
+                                  name="cancelled-at-once", daemon=True)
+        marker.start()
+        marker.join(timeout=3.0)
+    if STOP_SIGNALS.at_once is not None:
+        STOP_SIGNALS.at_once()
+    raise KeyboardInterrupt
+
+
+def _mark_cancelled(flow_run_id: str) -> None:
+    from prefect.states import Cancelled
+
+    with contextlib.suppress(*API_ERRORS), \
+            temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: 2.0}), \
+            get_client(sync_client=True) as client:
+        client.set_flow_run_state(UUID(flow_run_id), Cancelled(message="stopped at once by a second Ctrl-C; "
+                                                                       "the open batch rolled back"), force=True)
 
 
 def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
@@ -233,11 +289,11 @@ def flow_run_cancelling(flow_run_id: str) -> bool:
         return False
 
 
-def cancel_flow_run(flow_run_id: str) -> None:
+def cancel_flow_run(flow_run_id: str, by: str = "SIGTERM") -> None:
     """Put the flow run in Cancelling, which every drain of the run sees within about a second."""
     try:
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(UUID(flow_run_id), Cancelling(message="stopped by SIGTERM"), force=True)
+            client.set_flow_run_state(UUID(flow_run_id), Cancelling(message=f"stopped by {by}"), force=True)
     except API_ERRORS as e:
-        # The drains of this process stop anyway (SIGTERM set their event); others see the API lost.
+        # The drains of this process stop anyway (the signal set their event); others see the API lost.
         log_event("cancel_not_recorded", level=logging.WARNING, run_id=flow_run_id, error=type(e).__name__)

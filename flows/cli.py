@@ -3,21 +3,33 @@
 ``--help``, ``inventory``, ``gate`` and ``keys`` call the core directly and never import Prefect;
 ``run`` and ``demo`` go through the flow. Results go to stdout (one JSON document with ``--json``),
 logs to stderr. Exit codes: 0 ok, 1 unexpected, 2 usage/configuration/refusal, 3 gate closed,
-4 stopped fail-closed, 143 stopped by SIGTERM or cancellation.
+4 stopped fail-closed (an unreachable Prefect API too), 143 stopped by SIGTERM or cancellation, 130
+the same stop asked for by Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows.reports import discovery_report, emit, fail, gate_summary, inventory_report, run_report
+from flows.prefect_api import PrefectApiUnreachable
+from flows.reports import (
+    database_named,
+    decided_for,
+    discovery_report,
+    emit,
+    fail,
+    gate_summary,
+    inventory_report,
+    run_report,
+)
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -41,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m flows.rotate",
         description="Rotate the keys of encrypted PII columns: re-encrypt, verify, and prove an old key can go.",
         epilog="Exit codes: 0 done, 1 unexpected error, 2 usage/configuration error or refusal to start, "
-               "3 gate closed, 4 stopped fail-closed, 143 stopped by SIGTERM/cancellation.")
+               "3 gate closed, 4 stopped fail-closed, 143 stopped by SIGTERM/cancellation, 130 stopped by "
+               "Ctrl-C (a second Ctrl-C stops at once).")
     _common(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -145,7 +158,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 class Terminated(BaseException):
-    """SIGTERM outside a flow run's drains (a BaseException, so that nothing on the way swallows it)."""
+    """SIGTERM or SIGINT outside a flow run's drains (a BaseException, so that nothing on the way
+    swallows it); ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_code(signum: int) -> int:
+    return rotation.EXIT_INTERRUPTED if signum == signal.SIGINT else rotation.EXIT_TERMINATED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,12 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(ns, rotation.EXIT_FAIL_CLOSED, f"key unavailable: {e}")
     except DatabaseError as e:
         return fail(ns, rotation.EXIT_FAIL_CLOSED, str(e))
+    except PrefectApiUnreachable as e:
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, str(e))
     except PinrotateError as e:
         return fail(ns, rotation.EXIT_UNEXPECTED, str(e))
     except KeyboardInterrupt:
-        return fail(ns, rotation.EXIT_TERMINATED, "interrupted")
-    except Terminated:
-        return fail(ns, rotation.EXIT_TERMINATED, "stopped by SIGTERM; everything committed stays")
+        return fail(ns, rotation.EXIT_INTERRUPTED, "interrupted by Ctrl-C; everything committed stays")
+    except Terminated as e:
+        how = "interrupted by Ctrl-C" if e.signum == signal.SIGINT else "stopped by SIGTERM"
+        return fail(ns, _stop_code(e.signum), f"{how}; everything committed stays")
 
 
 def _settings(ns: argparse.Namespace) -> Settings:
@@ -202,27 +227,37 @@ def _settings(ns: argparse.Namespace) -> Settings:
 # -- run --------------------------------------------------------------------------------------------
 
 def install_stop_handlers() -> None:
-    """SIGTERM before or after the flow's drains ends the command with exit 143.
+    """SIGTERM or SIGINT before or after the flow's drains ends the command with exit 143 or 130.
 
-    While the drains run, Prefect's own handler turns SIGTERM into a TerminationSignal in the flow,
-    which cancels the flow run: every drain, in any process, stops between batches and the run
-    report is printed as usual (exit 143).
+    While the drains run, the flow's own handler (flows.api_watch.signals_cancel) turns either
+    signal into a cancellation of the flow run: every drain, in any process, stops between batches
+    and the run report is printed as usual (exit 143, or 130 for a Ctrl-C).
     """
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
+        raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     settings = _settings(ns)
-    from flows.prefect_api import check_prefect_api
+    from flows.prefect_api import check_prefect_api, temporary_server
 
-    check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
-    preflight(settings, ns)
-    return run_through_flow(ns, config_path=ns.config, dry_run=ns.dry_run, targets=ns.target or None,
-                            tenant=ns.tenant, expected_key_version=ns.expected_key_version)
+    # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
+    # that a Ctrl-C reaches the run, not its server; it is stopped after the run has reported. It is
+    # spawned first, so that its start-up (seconds) overlaps the checks below.
+    with temporary_server() as server:
+        check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
+        preflight(settings, ns)
+        from flows import flow  # noqa: F401 - imported while the server starts, not after
+
+        if server is not None:
+            server.start()  # waits until it answers
+        return run_through_flow(ns, server, config_path=ns.config, dry_run=ns.dry_run,
+                                targets=ns.target or None, tenant=ns.tenant,
+                                expected_key_version=ns.expected_key_version)
 
 
 def preflight(settings: Settings, ns: argparse.Namespace) -> None:
@@ -235,7 +270,7 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
                             expected_key=ns.expected_key_version, tenant=ns.tenant)
     try:
         try:
-            rotation.read_current_key(ctx, announce=False)
+            rotation.read_current_key(ctx, announce=False, record=False)
         except KeyUnavailable as e:
             if e.retryable:
                 return
@@ -245,19 +280,46 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
         ctx.close()
 
 
-def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
+def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) -> int:
+    """Run the flow here and print its report. ``server``: the run's temporary Prefect server, if any."""
+    from flows.api_watch import API_ERRORS, STOP_SIGNALS
     from flows.flow import RunOutcome, run_flow
+    from flows.prefect_api import api_lost_message
+    from flows.terminal_progress import SHOW_PROGRESS, wanted
 
     install_stop_handlers()
+
+    def end_at_once() -> None:
+        # A second Ctrl-C: the open batch rolls back with its connection as the process ends.
+        fail(ns, rotation.EXIT_INTERRUPTED, "stopped at once by a second Ctrl-C: the open batch rolled back; "
+                                            "everything committed stays, the next run resumes")
+        sys.stderr.flush()
+        if server is not None:
+            server.stop()
+        os._exit(rotation.EXIT_INTERRUPTED)
 
     def end_now(lost: RunOutcome) -> None:
         # The run lost its Prefect API and stopped between batches: one line, exit 4, and no
         # wait for Prefect's engine to fail at recording it.
-        fail(ns, lost.exit_code, lost.error or "the Prefect API stopped answering")
+        fail(ns, lost.exit_code, api_lost_message(lost.error or "the Prefect API stopped answering",
+                                                  temporary=server is not None))
         sys.stderr.flush()
         os._exit(lost.exit_code)
 
-    outcome = run_flow(on_orchestrator_lost=end_now, **params)
+    STOP_SIGNALS.at_once = end_at_once
+    SHOW_PROGRESS.set(wanted(ns.json))
+    try:
+        outcome = run_flow(on_orchestrator_lost=end_now, **params)
+    except API_ERRORS as e:  # the API went away between the check and the flow run's creation
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(f"the Prefect API stopped answering "
+                                                                    f"({type(e).__name__}); nothing was run",
+                                                                    temporary=server is not None))
+    except RuntimeError as e:
+        if not isinstance(e.__cause__, API_ERRORS):  # Prefect's "Failed to reach API at ..."
+            raise
+        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(
+            f"the Prefect API stopped answering ({type(e.__cause__).__name__}); nothing was run",
+            temporary=server is not None))
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))
@@ -318,10 +380,14 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
 def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
-    report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
-                         erase_excluded=ns.erase_excluded)
+    with deep_pass_display(ns):
+        report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                             erase_excluded=ns.erase_excluded)
     d = report.as_dict()
-    human = gate_summary(d) + discovery_report(d.get("discovery", {}))
+    # What the verdict was decided for: two configurations sharing one key file must not be confused.
+    d["database"] = database_named(report.database)
+    d["keyring"] = {"provider": settings.keys.provider, "source": report.keyring_source}
+    human = gate_summary(d) + "\n" + decided_for(d["database"], d["keyring"]) + discovery_report(d.get("discovery", {}))
     if d.get("key_identity", {}).get("recorded") is False:
         human += f"\nnote: {d['key_identity']['note']} ({d['key_identity']['table']})"
     if ticket is not None or ns.record is not None:
@@ -330,6 +396,25 @@ def cmd_gate(ns: argparse.Namespace) -> int:
         human += f"\nrecord for ticket {ticket or '-'} written to {path} (counts and names only, no value or key)"
     emit(ns, d, human)
     return rotation.EXIT_OK if report.open else rotation.EXIT_GATE_CLOSED
+
+
+@contextlib.contextmanager
+def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
+    """On an interactive terminal (stderr a TTY, no ``--json``), the gate's deep pass shows rows read
+    of each target, the rate and the time left; elsewhere nothing is drawn (nor imported)."""
+    if ns.shallow or ns.json or not sys.stderr.isatty():
+        yield
+        return
+    from flows.terminal_progress import SHOW_PROGRESS, terminal_progress
+    from pinrotate_core.inventory import DEEP_PASS_PROGRESS
+
+    SHOW_PROGRESS.set(True)
+    with terminal_progress(f"gate --retire {ns.retire}: deep pass, every value decrypted") as display:
+        token = DEEP_PASS_PROGRESS.set(display)
+        try:
+            yield
+        finally:
+            DEEP_PASS_PROGRESS.reset(token)
 
 
 def cmd_grants(ns: argparse.Namespace) -> int:

@@ -27,11 +27,12 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from flows import reports
 from flows.api_watch import (
     ORCHESTRATOR_GRACE_S,
+    STOP_SIGNALS,
     ApiWatch,
     OrchestratorLost,
     cancellation_watch,
     quiet_prefect_clients_while_api_away,
-    sigterm_cancels,
+    signals_cancel,
 )
 from flows.runtime import (
     ClusterUnavailable,
@@ -39,7 +40,9 @@ from flows.runtime import (
     RunEndedWithReport,
     RunFailedClosed,
     RunProgress,
+    ShardCancelled,
     api_url,
+    batch_lines_at_debug_in_the_ui,
     lines_from_workers,
     quiet_fail_closed_tracebacks,
     start_workers,
@@ -58,6 +61,7 @@ from flows.tasks import (
     stopped_result,
     verify,
 )
+from flows.terminal_progress import TargetsProgress, terminal_progress
 from flows.throttle import VariableThrottleControl
 from flows.worker_logs import batch_progress
 from pinrotate_core import rotation
@@ -88,6 +92,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                      tenant: str | None = None, expected_key_version: str | None = None) -> Any:
     """One rotation run. Parameters name things only: no key, value or secret is ever a parameter."""
     configure_stderr_logging()
+    batch_lines_at_debug_in_the_ui()
     settings = load_settings(config_path)
     flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     spec = RunSpec(config_path=str(resolve_config_path(config_path).resolve()), run_id=flow_run_id,
@@ -99,7 +104,7 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
                             engine=make_engine(database_url(settings), pool_size=1))
     stop = threading.Event()
     try:
-        with sigterm_cancels(flow_run_id, stop), cancellation_watch(flow_run_id, stop) as api:
+        with signals_cancel(flow_run_id, stop), cancellation_watch(flow_run_id, stop) as api:
             spec = dataclasses.replace(spec, current_key=read_current_key(spec))
             with rotation.single_instance(ctx) as got:
                 if not got:
@@ -137,6 +142,7 @@ class ShardDrains:
         self.progress = progress
         self.pending: dict[PrefectFuture[dict[str, Any]], _Shard] = {}
         self.orchestrator_lost = False  # a drain's own watch found the Prefect API gone
+        self.terminal: TargetsProgress | None = None  # the display on an interactive terminal, if any
 
     def submit(self, runner: TaskRunner[Any], stop: threading.Event) -> None:
         """Largest planned backlog first, over every target (longest-processing-time first): the
@@ -162,10 +168,14 @@ class ShardDrains:
             r = shard.result
             self.progress.advance(r.reencrypted + len(r.failed),
                                   recount=r.reencrypted + r.backlog_remaining - shard.rows, target=shard.target)
+            if self.terminal is not None:
+                self.terminal.settle(shard.target, r.reencrypted + r.backlog_remaining - shard.rows)
 
     def _outcome(self, future: PrefectFuture[dict[str, Any]], shard: _Shard, stop: threading.Event) -> DrainResult:
         try:
             doc = future.result(raise_on_failure=True)
+        except ShardCancelled as e:  # stopped by the cancellation: its task run is Cancelled, its counts ride along
+            doc = e.report
         except Exception as e:  # noqa: BLE001 - whatever ended the task (a lost worker, an abort), the shard is not done
             if stop.is_set():
                 # Cancelling: the API refuses to start new task runs; the shard's rows stay for the next run.
@@ -264,15 +274,28 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api:
         plan = planning.result()
         progress = RunProgress(spec.run_id, spec.current_key or "", sum(p["rows"] for p in plan))
         drains = ShardDrains(spec, plan, progress)
-        with batch_progress(spec.run_id, progress.batch), lines_from_workers(runner, spec.run_id), \
-                operator_watch(progress, settings.job.throttle_variable):
-            drains.submit(runner, stop)
-            drains.collect(stop)
+        title = f"pinrotate run {spec.run_id}: rows to key {spec.current_key}" + (" (dry run)" if spec.dry_run else "")
+        with terminal_progress(title) as terminal:
+            drains.terminal = terminal
+            for p in plan:
+                if terminal is not None:
+                    terminal.target(p["target"], p["rows"])
+
+            def on_batch(target: str, rows: int) -> None:
+                progress.batch(target, rows)
+                if terminal is not None:
+                    terminal.advance(target, rows)
+
+            with batch_progress(spec.run_id, on_batch), lines_from_workers(runner, spec.run_id), \
+                    operator_watch(progress, settings.job.throttle_variable):
+                drains.submit(runner, stop)
+                drains.collect(stop)
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
     # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.
     rotation.record_run_conflicts(ctx, report.targets, drains.sharded())
     report.cancelled = stop.is_set() or any(r.stopped == STOP_CANCELLED for r in report.targets.values())
+    report.interrupted = report.cancelled and STOP_SIGNALS.interrupted()
     _recount(spec, report, drains.uncounted_targets())
     results = {name: result_as_dict(r) for name, r in report.targets.items()}
     if api.lost or drains.orchestrator_lost:

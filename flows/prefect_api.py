@@ -1,4 +1,5 @@
-"""One request to the Prefect API before a run starts, so that refused credentials are one line.
+"""The CLI's link to its Prefect API before a run: one request, so that refused credentials and an
+unreachable server are one line each; and, without ``PREFECT_API_URL``, the run's temporary server.
 
 A Prefect server started with ``PREFECT_SERVER_API_AUTH_STRING`` answers 401 to every client
 without the same ``PREFECT_API_AUTH_STRING``; without this check the run would end in Prefect's
@@ -7,34 +8,171 @@ traceback (exit 1). Nothing here reads or prints the auth string itself.
 
 from __future__ import annotations
 
-from pinrotate_core.errors import ConfigError
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from pinrotate_core.errors import ConfigError, PinrotateError
 
 AUTH_HINT = ("set PREFECT_API_AUTH_STRING to the server's PREFECT_SERVER_API_AUTH_STRING "
              "(docs/reference.md, \"Who may start a rotation\")")
+
+
+class PrefectApiUnreachable(PinrotateError):
+    """The Prefect API behind ``PREFECT_API_URL`` does not answer: exit 4, one line, nothing run."""
+
+
+def unreachable_message(url: str, why: str) -> str:
+    """One line: which API, what happened, and the two ways on."""
+    return (f"cannot reach the Prefect API at {url} ({why}): start that server, or `unset PREFECT_API_URL` "
+            "for an ad hoc run (pinrotate then starts a temporary Prefect server of its own)")
+
+
+def api_lost_message(what: str, *, temporary: bool) -> str:
+    """The one line of a run that lost its Prefect API mid-run: ``what`` happened, at which URL, and
+    what to do."""
+    if temporary:
+        return f"{what} (the run's temporary Prefect server stopped): run the command again"
+    from prefect.settings import PREFECT_API_URL
+
+    return (f"{what} (the Prefect API at {PREFECT_API_URL.value()}): start that server again, or "
+            "`unset PREFECT_API_URL` for an ad hoc run")
 
 
 def check_prefect_api() -> None:
     """With ``PREFECT_API_URL`` set, ask the server its version (an authenticated endpoint).
 
     Credentials refused (401/403): ``ConfigError`` (exit 2), nothing run. A server that cannot be
-    reached is left to the flow's own handling (after the configuration and targets are checked).
+    reached (refused, timed out, no such host): ``PrefectApiUnreachable`` (exit 4), nothing run.
     """
     import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, \
+        temporary_settings
 
     url = PREFECT_API_URL.value()
     if not url:
-        return  # Prefect starts a temporary local server of its own
-    with get_client(sync_client=True) as client:
+        return  # the run's temporary server (temporary_server) answers
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 1, PREFECT_API_REQUEST_TIMEOUT: 15.0}), \
+            get_client(sync_client=True) as client:
         try:
             client.api_version()
-        except httpx.TransportError:
-            return
+        except httpx.TransportError as e:
+            raise PrefectApiUnreachable(unreachable_message(url, type(e).__name__)) from None
         except PrefectHTTPStatusError as e:
             status = e.response.status_code
             if status in (401, 403):
                 raise ConfigError(f"the Prefect API at {url} refused the credentials (HTTP {status}): "
                                   f"{AUTH_HINT}") from None
-            raise
+            raise PrefectApiUnreachable(unreachable_message(url, f"HTTP {status}")) from None
+
+
+# -- the temporary server of an ad hoc run ------------------------------------------------------------
+
+def _parent_death_signal() -> Any:
+    """Linux: a function for the server's process, run before it starts, that has it sent SIGTERM
+    when the CLI's process ends, however it ends (a SIGKILL included), so that no server outlives
+    the run it served; resolved here, before the fork. Elsewhere: None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_it() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+    return set_it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn_server(port: int) -> subprocess.Popen[Any]:
+    """Prefect's own temporary-server command (``SubprocessASGIServer._run_uvicorn_command``), in a
+    session of its own, spawned without importing Prefect's server code here."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "error", "--lifespan", "on"],
+        env=env, start_new_session=True, preexec_fn=_parent_death_signal())
+
+
+def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class OwnSessionServer(SubprocessASGIServer):
+        """Prefect's temporary server, started in a session of its own: a Ctrl-C at the terminal
+        reaches the whole foreground process group, and the run needs its server to record the stop
+        it asked for (before, SIGINT killed the server and the run hung for minutes). Its process
+        was spawned before (``early``): ``start`` waits for it to answer, as Prefect's does."""
+
+        early: subprocess.Popen[Any] | None = None
+        previous: Any = None  # the server registered under port None before this one, if any
+
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            if self.early is not None:  # Prefect's start() takes the process spawned before
+                spawned, self.early = self.early, None
+                return spawned
+            assert self.port is not None
+            return _spawn_server(self.port)  # the port was taken meanwhile (exit 3): another one
+
+        def stop(self) -> None:
+            if self.early is not None:  # spawned, never started: the run refused to start
+                self.server_process, self.early = self.early, None
+            super().stop()
+
+    previous = SubprocessASGIServer._instances.pop(None, None)
+    server = OwnSessionServer()  # registered under port None: Prefect's clients find it
+    server.port, server.early, server.previous = port, early, previous
+    return server
+
+
+def _flush_to(server: Any, timeout: float = 10.0) -> None:
+    """Send Prefect's queued log lines and events while the server still answers: stopped first,
+    the workers would retry against it for over a minute at the process's exit."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    if server.running:
+        for worker in (APILogWorker, EventsWorker):
+            worker.drain_all(timeout=timeout, at_exit=False)
+
+
+@contextlib.contextmanager
+def temporary_server() -> Iterator[Any]:
+    """Without ``PREFECT_API_URL``: the temporary Prefect server of this run (yielded), in its own
+    session, registered where Prefect looks for its ephemeral server, and stopped when the block
+    ends (after the run has reported). It is spawned at once, before Prefect's server code is
+    imported here; the caller's ``server.start()`` waits until it answers (called just before the
+    flow, so that the server's start-up overlaps the run's checks). With ``PREFECT_API_URL``: None."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        yield None
+        return
+    port = _free_port()
+    server = _own_session_server(port, _spawn_server(port))
+    try:
+        yield server
+    finally:
+        _flush_to(server)
+        server.stop()
+        if server.previous is not None:
+            type(server)._instances[None] = server.previous

@@ -180,6 +180,28 @@ def gate_summary(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def database_named(identity: dict[str, Any]) -> dict[str, Any]:
+    """The database a verdict speaks of, for the gate's JSON: host, port, database name and the
+    cluster's system identifier (``pg_control_system()``); where the role may not read it, the
+    identifier is left out and ``system_identifier_omitted`` says why."""
+    out = {k: identity.get(k) for k in ("host", "port", "database", "server_version")}
+    sysid = identity.get("system_identifier")
+    if isinstance(sysid, str) and sysid.isdigit():
+        out["system_identifier"] = sysid
+    else:
+        out["system_identifier_omitted"] = sysid or "not reported by this server"
+    return out
+
+
+def decided_for(database: dict[str, Any], keyring: dict[str, Any]) -> str:
+    """One line: which database and which keyring a verdict was decided for."""
+    where = f"{database.get('host')}" + (f":{database['port']}" if database.get("port") else "")
+    sysid = (f"system identifier {database['system_identifier']}" if "system_identifier" in database
+             else f"system identifier omitted: {database.get('system_identifier_omitted')}")
+    return (f"decided for database {database.get('database')} on {where} ({sysid}), "
+            f"keyring {keyring.get('source') or keyring.get('provider')}")
+
+
 def inventory_report(d: dict[str, Any], *, deep: bool) -> str:
     lines = [f"current key {d['current_key']}" + ("  (deep: every value decrypted)" if deep else ""), "",
              f"{'target':<22}{'total':>9}" + "".join(f"{c:>12}" for c in INVENTORY_CATEGORIES)]

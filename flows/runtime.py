@@ -8,6 +8,7 @@ Nothing here keeps state between calls: every object belongs to one flow run and
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from flows.api_watch import API_ERRORS, API_POLL_TIMEOUT_S, orchestrator_lost
 from flows.worker_logs import LOCAL_WORKER_ENV, relog, topic
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
-from pinrotate_core.log import log_event
+from pinrotate_core.log import LOGGER_NAME, log_event
 
 PROGRESS_KEY = "pinrotate-progress"  # an artifact key, so that `prefect artifact ls` lists it
 MAX_THREADS = 64
@@ -237,6 +238,11 @@ class RunCancelled(RunEndedWithReport):
     run's Cancelled state."""
 
 
+class ShardCancelled(RunEndedWithReport):
+    """A shard stopped by the run's cancellation (or never started because of it): the data of its
+    task run's Cancelled state, its result document riding along for the flow."""
+
+
 class ClusterUnavailable(PinrotateError):
     """The Dask cluster cannot be reached (``[job] dask_address``) or started: exit code 4, as for a
     database or key provider that cannot be reached; nothing was drained."""
@@ -261,6 +267,35 @@ class _NoTracebackForFailClosed(logging.Filter):
             return True
         record.exc_info, record.exc_text = None, None
         return True
+
+
+class _BatchLinesAtDebug(logging.Filter):
+    """On Prefect's API log handler: a run's one line per batch (``batch_processed``) is sent to
+    the Prefect UI at DEBUG, so that the run's page shows its milestones at INFO (targets started
+    and completed, stops, the report) and the batches only when asked for. The terminal and every
+    other handler keep the line as it is (a copy is lowered, not the record)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "pinrotate_event", None) != "batch_processed" or record.levelno <= logging.DEBUG:
+            return True
+        lowered = copy.copy(record)
+        lowered.levelno, lowered.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        self.handler.emit(lowered)
+        return False
+
+
+def batch_lines_at_debug_in_the_ui() -> None:
+    """Install the filter on the Prefect API log handlers of the ``pinrotate`` logger (idempotent;
+    called at the start of every flow run, after Prefect has set up its logging)."""
+    from prefect.logging.handlers import APILogHandler
+
+    for handler in logging.getLogger(LOGGER_NAME).handlers:
+        if isinstance(handler, APILogHandler) and not any(isinstance(f, _BatchLinesAtDebug) for f in handler.filters):
+            handler.addFilter(_BatchLinesAtDebug(handler))
 
 
 def quiet_fail_closed_tracebacks() -> None:

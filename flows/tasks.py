@@ -24,6 +24,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.states import Cancelled
 from prefect.tasks import Task, exponential_backoff
 from tenacity import (
     RetryCallState,
@@ -36,6 +37,7 @@ from tenacity import (
 
 from flows import reports
 from flows.api_watch import cancellation_watch, flow_run_cancelling, orchestrator_lost
+from flows.runtime import ShardCancelled
 from flows.throttle import VariableThrottleControl
 from flows.worker_logs import drain_logging
 from pinrotate_core import rotation
@@ -248,8 +250,9 @@ def plan_shards(spec: RunSpec, shards_per_target: int) -> list[dict[str, Any]]:
 
 @task(name="drain_shard", task_run_name="drain-{target}-{shard}", persist_result=False, cache_policy=NO_CACHE)
 def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[Any, Any] | None = None,
-                rows: int = 0, exact: bool = True) -> dict[str, Any]:
-    """Drain one shard of one target, self-contained; returns its result as a plain dict.
+                rows: int = 0, exact: bool = True) -> dict[str, Any] | State[Any]:
+    """Drain one shard of one target, self-contained; returns its result as a plain dict, or, for a
+    shard the run's cancellation stopped, a Cancelled state carrying it (``ShardCancelled``).
 
     ``rows``: the shard's planned backlog, counted (``exact``) or estimated from a page sample; the
     drain starts from it without counting again (a count of one id range of a table keyed by random
@@ -262,7 +265,13 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     Prefect API, stops the drain between batches.
     """
     with drain_logging(spec.run_id):
-        return _drain_shard(spec, target, shard, id_range, rows, exact)
+        doc = _drain_shard(spec, target, shard, id_range, rows, exact)
+    if doc.get("stopped") == STOP_CANCELLED:
+        # Prefect shows the stop as it was: a Cancelled task run (the data an exception, as Prefect
+        # expects of a Cancelled state; the result document rides along for the flow).
+        summary = f"{target} shard {shard} stopped between batches: {doc['reencrypted']} rows re-encrypted"
+        return Cancelled(message=summary, data=ShardCancelled(summary, doc))
+    return doc
 
 
 def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, Any] | None, rows: int,

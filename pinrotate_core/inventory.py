@@ -10,9 +10,10 @@ when it exists: ``conflicts.py``).
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -29,6 +30,20 @@ from .scope import exclusion_rule, scope_condition
 from .targets import ResolvedTarget, resolve_target
 
 FETCH_ROWS = 5000
+
+
+class DeepPassProgress(Protocol):
+    """Who is told how far a value-by-value pass has got (the CLI's display on a terminal)."""
+
+    def start(self, target: str, rows: int) -> None: ...
+
+    def advance(self, target: str, rows: int) -> None: ...
+
+
+# Set by a caller that shows progress (the gate's deep pass on a terminal); None: nobody is told,
+# and nothing is counted for it.
+DEEP_PASS_PROGRESS: contextvars.ContextVar[DeepPassProgress | None] = contextvars.ContextVar(
+    "pinrotate_deep_pass_progress", default=None)
 
 
 @dataclass
@@ -104,12 +119,15 @@ def blocked_inventory(t: TargetSettings, reason: str) -> TargetInventory:
     return inv
 
 
-def _stream(conn: psycopg.Connection[Any], query: sql.Composed, name: str) -> Any:
+def _stream(conn: psycopg.Connection[Any], query: sql.Composed, name: str,
+            told: tuple[DeepPassProgress, str] | None = None) -> Any:
     with conn.transaction(), conn.cursor(name=name, binary=True) as cur:
         cur.itersize = FETCH_ROWS
         cur.execute(query)
         while rows := cur.fetchmany(FETCH_ROWS):  # a list per fetch: cheaper than row by row
             yield from rows
+            if told is not None:
+                told[0].advance(told[1], len(rows))
 
 
 def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: bool = False,
@@ -139,7 +157,12 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
         where = sql.SQL("true") if keys_sql is None else scope
         query = sql.SQL("SELECT {rule}, {cols} FROM {rel} AS t WHERE {where}").format(
             rule=rule, cols=sql.SQL(", ").join(scheme.read_list("t")), rel=target.relation, where=where)
-        for row in _stream(conn, query, "pinrotate_inventory"):
+        told = DEEP_PASS_PROGRESS.get() if deep else None
+        if told is not None:  # the rows the pass will read, counted only for someone who shows them
+            counted = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {where}").format(
+                rel=target.relation, where=where)).fetchone()
+            told.start(t.name, int(counted[0]) if counted else 0)
+        for row in _stream(conn, query, "pinrotate_inventory", None if told is None else (told, t.name)):
             excluded_by = row[0]
             for value, failed in scheme.inspect(row[1:], deep and excluded_by is None):
                 if keys_sql is None:

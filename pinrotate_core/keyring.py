@@ -184,6 +184,17 @@ def sort_key(key_id: str) -> tuple[int, int, str]:
     return (0, int(key_id), "") if is_version(key_id) else (1, 0, key_id)
 
 
+def check_id_for_style(key_id: str, style: str, *, where: str) -> str:
+    """Refuse a key id that a keyring of ``style`` cannot hold (``keys add``, ``keys promote``):
+    a ``versions`` keyring (integer key versions, for ``aesgcm`` and ``vault-transit`` targets) holds
+    only positive integers written without a leading zero; a ``named`` one any valid key id."""
+    validate_key_id(key_id, where=where)
+    if style == "versions" and not (is_version(key_id) and key_id == str(int(key_id))):
+        raise ConfigError(f"{where}: key id {shown_key_id(key_id)} cannot name a key of this keyring: its targets "
+                          "name keys by integer version (1, 2, 3, ...); nothing was changed")
+    return key_id
+
+
 def next_version(existing: Iterable[str]) -> str:
     versions = [int(k) for k in existing if is_version(k)]
     return str(max(versions, default=0) + 1)

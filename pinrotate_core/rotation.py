@@ -45,6 +45,7 @@ EXIT_CONFIG = 2
 EXIT_GATE_CLOSED = 3
 EXIT_FAIL_CLOSED = 4
 EXIT_TERMINATED = 143
+EXIT_INTERRUPTED = 130  # the same graceful stop as 143, asked for by a Ctrl-C (SIGINT)
 
 LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
 VERIFY_SAMPLE = 64
@@ -59,13 +60,14 @@ class RunReport:
     verified: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
     cancelled: bool = False
+    interrupted: bool = False  # the cancellation was a Ctrl-C (SIGINT): exit 130 rather than 143
     skipped: str | None = None  # e.g. another run holds the single-instance lock
     duration_ms: float = 0.0
 
     @property
     def exit_code(self) -> int:
         if self.cancelled:
-            return EXIT_TERMINATED
+            return EXIT_INTERRUPTED if self.interrupted else EXIT_TERMINATED
         if any(r.stopped == STOP_KEY_MISMATCH for r in self.targets.values()):
             return EXIT_CONFIG  # a worker's keyring disagrees with the recorded key: a refusal, not an outage
         if any(r.fail_closed for r in self.targets.values()):
@@ -179,13 +181,18 @@ def open_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: b
                       run_id=run_id or str(uuid.uuid4()), dry_run=dry_run, expected_key=expected_key, tenant=tenant)
 
 
-def read_current_key(ctx: RunContext, *, announce: bool = True) -> Keyring:
-    """Read the keyring once for the run and check the start conditions (§4 refusals)."""
+def read_current_key(ctx: RunContext, *, announce: bool = True, record: bool | None = None) -> Keyring:
+    """Read the keyring once for the run and check the start conditions (§4 refusals).
+
+    ``record=False``: the check before a run exists (the CLI's, before the flow run has an id) only
+    compares, under no run id: the run itself records its keys under its own (the flow run's) id."""
     keyring = ctx.provider.load_keyring()
     apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
     # Before anything is written: each key id is the key recorded for it (a dry run only compares).
-    confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=not ctx.dry_run, run_id=ctx.run_id)
+    confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider,
+                         record=not ctx.dry_run if record is None else record,
+                         run_id=None if record is False else ctx.run_id)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,

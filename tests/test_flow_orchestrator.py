@@ -72,6 +72,7 @@ def test_a_run_whose_temporary_prefect_server_dies_stops_between_batches_with_on
     assert cli.returncode == 4, err[-6000:]
     assert doc["exit_code"] == 4
     assert "lost the Prefect API" in doc["error"] and "stopped between batches" in doc["error"]
+    assert "the run's temporary Prefect server stopped" in doc["error"]  # what happened, and what to do
     assert "Traceback" not in err, err[-6000:]
     # It stopped: rows are left for the next run, and every row reads whole under its own key.
     assert sum(rows_consistent(profile).values()) == ROWS

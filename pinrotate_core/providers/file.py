@@ -30,13 +30,13 @@ from ..errors import ConfigError
 from ..keyring import (
     Key,
     Keyring,
+    check_id_for_style,
     check_key_ids,
     is_version,
     next_version,
     shown_key_id,
     shown_name,
     sort_key,
-    validate_key_id,
 )
 from ._material import decode_key, normalise_current
 
@@ -112,7 +112,7 @@ class FileKeyProvider:
             ring = self._read() if self.path.exists() else self._create_and_read()
             if key_id is None:
                 key_id = next_version(ring.keys) if self.style == "versions" else _named_id("k")
-            validate_key_id(key_id, where="keys add")
+            check_id_for_style(key_id, self.style, where="keys add")
             if key_id in ring.keys:
                 raise ConfigError(f"keys add: key {key_id} already exists in {self.path}")
             keys = dict(ring.keys)
@@ -121,11 +121,17 @@ class FileKeyProvider:
             return key_id
 
     def promote(self, key_id: str) -> None:
+        """Make ``key_id`` current. Refused, the file left as it is, for a key the file lacks, one its
+        style cannot hold (a hand-written ``foo`` in an integer keyring) and the current key itself."""
+        check_id_for_style(key_id, self.style, where="keys promote")
         self._refuse_absent()
         with self._locked():
             ring = self._read()
             if key_id not in ring.keys:
                 raise ConfigError(f"keys promote: key {key_id} is not in {self.path}; add it first")
+            if key_id == ring.current:
+                raise ConfigError(f"keys promote: key {key_id} is already the current key in {self.path}; "
+                                  "nothing was changed (add a new key first: keys add)")
             self._write(Keyring(current=key_id, keys=ring.keys, legacy=ring.legacy, source=ring.source))
 
     # -- internals -----------------------------------------------------------------------------
