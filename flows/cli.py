@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+from flows import traces
 from flows.reports import discovery_report, emit, fail, gate_summary, inventory_report, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
@@ -213,6 +214,7 @@ def install_stop_handlers() -> None:
 
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
+    traces.check_environment()
     settings = _settings(ns)
     from flows.prefect_api import check_prefect_api
 
@@ -252,9 +254,11 @@ def run_through_flow(ns: argparse.Namespace, **params: Any) -> int:
         # wait for Prefect's engine to fail at recording it.
         fail(ns, lost.exit_code, lost.error or "the Prefect API stopped answering")
         sys.stderr.flush()
+        traces.flush()
         os._exit(lost.exit_code)
 
     outcome = run_flow(on_orchestrator_lost=end_now, **params)
+    traces.flush()  # the run's spans reach the collector before the command returns
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))
