@@ -37,15 +37,21 @@ ERROR_EVENT: Final = "pinrotate.error"  # an event per kind of row-level error i
 Attributes = Mapping[str, str | bool | int | float]
 
 
+_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}  # by id(provider); it is set once a process
+
+
 def tracer() -> trace.Tracer | None:
     """The tracer of the process's provider, or None when no provider was installed (tracing off).
 
-    Checked on every call (a dictionary look-up and an ``isinstance``): a provider installed after
-    import, as ``flows`` does, is used from then on."""
+    Checked on every call (an environment look-up and an ``isinstance``): a provider installed
+    after import, as ``flows`` does, is used from then on."""
     provider = trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return None
-    return provider.get_tracer(TRACER_NAME)
+    cached = _tracers.get(id(provider))
+    if cached is None or cached[0] is not provider:
+        cached = _tracers[id(provider)] = (provider, provider.get_tracer(TRACER_NAME))
+    return cached[1]
 
 
 def error_kind(exc: BaseException) -> str:
@@ -83,15 +89,18 @@ def count_errors(span: Span, kinds: Iterable[str]) -> None:
         span.add_event(ERROR_EVENT, {ERROR_TYPE: kind, "pinrotate.count": n})
 
 
-@contextlib.contextmanager
-def span(name: str, attributes: Attributes) -> Iterator[Span | None]:
-    """A span named ``name`` around the block, current while it runs; yields None when tracing is
-    off. An exception leaving the block marks the span failed with its kind (not its message) and
-    goes on."""
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext()  # what every helper returns when tracing is off
+
+
+def span(name: str, attributes: Attributes) -> contextlib.AbstractContextManager[Span | None]:
+    """A span named ``name`` around the block, current while it runs; None when tracing is off.
+    An exception leaving the block marks the span failed with its kind (not its message) and goes on."""
     t = tracer()
-    if t is None:
-        yield None
-        return
+    return _OFF if t is None else _span(t, name, attributes)
+
+
+@contextlib.contextmanager
+def _span(t: trace.Tracer, name: str, attributes: Attributes) -> Iterator[Span]:
     with t.start_as_current_span(name, attributes=attributes, record_exception=False,
                                  set_status_on_exception=False) as s:
         try:
@@ -105,10 +114,13 @@ def batch_span(run_id: str, target: str, current_key: str, batch_size: int,
                **more: str | bool | float) -> contextlib.AbstractContextManager[Span | None]:
     """The span of one batch transaction: ``pinrotate.batch`` with the attributes of contract §7
     (``pinrotate.rows`` is set by the caller once the batch is written, see ``batch_written``)."""
+    t = tracer()
+    if t is None:
+        return _OFF
     attributes: dict[str, str | bool | int | float] = {
         RUN_ID: run_id, TARGET: target, CURRENT_KEY: current_key, BATCH_SIZE: int(batch_size)}
     attributes.update({f"pinrotate.{k}": v for k, v in more.items()})
-    return span(BATCH_SPAN, attributes)
+    return _span(t, BATCH_SPAN, attributes)
 
 
 def batch_written(s: Span | None, rows: int, conflicts: int, failed_reasons: Iterable[str]) -> None:

@@ -140,18 +140,20 @@ def ancestry(span: CollectedSpan, by_id: dict[str, CollectedSpan]) -> Iterator[C
 
 
 def tree(spans: list[CollectedSpan], keys: tuple[str, ...] = ()) -> str:
-    """The spans as an indented tree (roots first), with durations and the attributes ``keys``."""
+    """The spans as an indented tree (roots first): when each started after its root (``+s``), how
+    long it took, and the attributes ``keys``."""
     ids = {s.span_id for s in spans}
     kids = children(spans)
     lines: list[str] = []
 
-    def walk(s: CollectedSpan, depth: int) -> None:
+    def walk(s: CollectedSpan, depth: int, t0: int) -> None:
         shown = " ".join(f"{k.removeprefix('pinrotate.')}={s.attributes[k]}" for k in keys if k in s.attributes)
         error = f" ERROR({s.status[1]})" if s.status[0] == 2 else ""
-        lines.append(f"{'  ' * depth}{s.name}  {s.duration_ms:.1f} ms{error}{'  ' + shown if shown else ''}")
+        lines.append(f"{'  ' * depth}{s.name}  +{(s.start_ns - t0) / 1e9:.2f}s {s.duration_ms:.1f} ms{error}"
+                     f"{'  ' + shown if shown else ''}")
         for c in kids.get(s.span_id, []):
-            walk(c, depth + 1)
+            walk(c, depth + 1, t0)
 
     for root in sorted((s for s in spans if s.parent_id not in ids), key=lambda s: s.start_ns):
-        walk(root, 0)
+        walk(root, 0, root.start_ns)
     return "\n".join(lines)
