@@ -57,6 +57,7 @@ class Collector:
     def __init__(self, port: int = 0) -> None:
         self.spans: list[CollectedSpan] = []
         self.requests: list[str] = []  # request paths, in order
+        self.errors: list[str] = []  # requests the collector could not decode
         self._lock = threading.Lock()
         collector = self
 
@@ -74,9 +75,16 @@ class Collector:
                     self.send_response(404)
                     self.end_headers()
                     return
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                collector._keep(request)
+                try:
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    collector._keep(request)
+                except Exception as e:  # noqa: BLE001 - the test reads collector.errors
+                    with collector._lock:
+                        collector.errors.append(f"{type(e).__name__}: {e}")
+                    self.send_response(400)
+                    self.end_headers()
+                    return
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")

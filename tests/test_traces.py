@@ -164,7 +164,7 @@ def test_a_threads_run_exports_one_trace_with_every_batch_beneath_the_flow_run_a
     assert {s.resource.get("service.name") for s in in_trace} == {"pinrotate"}
     assert {s.resource.get("deployment.environment") for s in in_trace} == {"test"}
     assert {s.resource.get("process.pid") for s in batches} != {None}
-    assert set(collector.requests) == {"/v1/traces"}
+    assert set(collector.requests) == {"/v1/traces"} and collector.errors == []
     assert {s.trace_id for s in collector.spans} == {root.trace_id}
     _assert_no_secret(collector.spans, before + _secrets(profile))
     # The span tree, as the runbook shows it (pytest -s prints it).
@@ -188,9 +188,48 @@ def test_a_dask_run_exports_one_trace_with_the_batches_drained_in_worker_process
     # The batches were drained (and their spans exported) by the worker processes, not the CLI's.
     flow_pid = root.resource["process.pid"]
     assert flow_pid not in {s.resource["process.pid"] for s in drains + batches}
+    assert collector.errors == []
     # Nothing else was exported: no trace but the run's.
     assert {s.trace_id for s in collector.spans} == {root.trace_id}
     _assert_no_secret(collector.spans, before + _secrets(profile))
+
+
+def test_a_deployment_run_records_a_row_that_does_not_decrypt_as_its_kind_with_no_row_id(
+        prefect_api: str, primary_database_url: str, tmp_path: Path, collector: Collector) -> None:
+    """The worker's code path (``python -m prefect.engine FLOW_RUN_ID``, as a deployment runs it): the
+    SDK is set up when the flow is loaded, so the flow run is the trace's root there too. A value
+    that does not decrypt is a ``decrypt_failed`` event with a count on its batch, never its row id."""
+    from prefect.client.orchestration import get_client
+
+    from flows.rotate import pinrotate_rotate
+
+    profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **JOB)
+    with psycopg.connect(primary_database_url, autocommit=True) as conn:
+        (bad_id,) = conn.execute("SELECT id FROM profile.persons ORDER BY id LIMIT 1 OFFSET 37").fetchone()
+        conn.execute("UPDATE profile.persons SET first_name_cipher = set_byte(first_name_cipher, 20, "
+                     "get_byte(first_name_cipher, 20) # 1) WHERE id = %s", (bad_id,))
+    before = _secrets(profile)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(pinrotate_rotate, parameters={"config_path": str(profile.config_path)})
+    env = {**_otel_env(collector.endpoint), "PREFECT_API_URL": prefect_api,
+           "PREFECT__FLOW_ENTRYPOINT": "flows/rotate.py:pinrotate_rotate"}
+    proc = subprocess.run([sys.executable, "-m", "prefect.engine", str(run.id)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert profile.key_versions("persons") == {2: ROWS - 1, 1: 1}, proc.stderr[-4000:]
+    assert collector.errors == []
+    spans = list(collector.spans)
+    (root,) = [s for s in spans if not s.parent_id]
+    assert root.attributes["prefect.run.id"] == str(run.id)
+    assert [name for name, _ in root.events][-1] == "Failed"  # Prefect's state events on the flow run's span
+    assert {s.trace_id for s in spans} == {root.trace_id}
+    batches = [s for s in spans if s.name == "pinrotate.batch" and s.attributes["pinrotate.target"] == "Person"]
+    assert len(batches) == ROWS // 10 and all(b.attributes["pinrotate.run_id"] == str(run.id) for b in batches)
+    errors = [(b.attributes["pinrotate.failed"], e) for b in batches for e in b.events]
+    assert errors == [(1, ("pinrotate.error", {"error.type": "decrypt_failed", "pinrotate.count": 1}))]
+    assert sum(b.attributes["pinrotate.rows"] for b in batches) == ROWS - 1
+    (drain,) = [s for s in spans if s.name == "pinrotate.drain" and s.attributes["pinrotate.target"] == "Person"]
+    assert drain.attributes["pinrotate.failed"] == 1 and drain.status[0] != 2  # rows left, not a stop
+    _assert_no_secret(spans, before + _secrets(profile) + [str(bad_id)])
 
 
 def _free(port: int) -> bool:
