@@ -272,6 +272,36 @@ def test_an_otlp_protocol_pinrotate_cannot_send_is_refused_with_exit_2_before_an
     assert profile.key_versions("persons") == {1: 20}
 
 
+def test_a_batch_that_fails_is_an_error_of_its_kind_without_the_exceptions_message(collector: Collector) -> None:
+    """A batch whose transaction fails: status ERROR and ``error.type`` = its kind; the exception's
+    message (a driver's may quote a value) and its stack trace are recorded nowhere."""
+    script = textwrap.dedent("""
+        from flows import traces
+        from pinrotate_core import tracing
+        from pinrotate_core.errors import DatabaseError, KeyUnavailable
+        assert traces.setup_from_environment()
+        for exc in (DatabaseError("duplicate key value (id)=(SECRET-ROW-7) 'SECRET-VALUE'"),
+                    KeyUnavailable("vault said SECRET-TOKEN"), RuntimeError("SECRET-OTHER")):
+            try:
+                with tracing.span("pinrotate.drain", {"pinrotate.target": "Person"}):
+                    with tracing.batch_span("run-1", "Person", "2", 10, batch=1):
+                        raise exc
+            except Exception:
+                pass
+        traces.flush()
+    """)
+    env = _otel_env(collector.endpoint)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    spans = list(collector.spans)
+    assert [(s.name, s.status, s.attributes["error.type"]) for s in spans if s.name == "pinrotate.batch"] == [
+        ("pinrotate.batch", (2, "db_error"), "db_error"), ("pinrotate.batch", (2, "key_unavailable"), "key_unavailable"),
+        ("pinrotate.batch", (2, "RuntimeError"), "RuntimeError")]
+    assert all(s.status[0] == 2 and not s.events for s in spans)  # the drain spans too; no exception event
+    _assert_no_secret(spans, ["SECRET", "Traceback"])
+
+
 def test_with_protocol_grpc_the_batch_spans_go_to_a_grpc_collector(tmp_path: Path) -> None:
     """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the same spans over OTLP/gRPC (a real gRPC server here)."""
     from concurrent import futures
