@@ -5,6 +5,7 @@
     python benchmarks/drain.py --workers 2        # max_degree_of_parallelism
     python benchmarks/drain.py --transit          # also the Vault Transit rewrap drain (local OpenBao)
     python benchmarks/drain.py --dask 2           # also: shards on a local Dask cluster of 2 worker processes
+    python benchmarks/drain.py --rows 20000 --trace   # also: the same drain traced (OTLP to a local collector)
 
 Seeds the Pin profile preset under key 1 (test keys, thrown away), promotes a new key, drains the
 Person target (4 cipher columns) and prints rows/s and peak RSS during the drain, with, in the same
@@ -43,6 +44,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pinrotate_core import tracing
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server, make_engine, raw_connection
 from pinrotate_core.drain import DrainOptions, drain_target, split_backlog
@@ -416,6 +418,35 @@ def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int, new_version: 
     return done / (time.perf_counter() - started)
 
 
+def traced_rounds(single: Callable[..., tuple[int, float, int, Cpu]], repeat: int, untraced: float,
+                  untraced_cpu: list[Cpu], rows: int, cleanups: list[Callable[[], None]]) -> None:
+    """The drain again, ``repeat`` times, with tracing set up as a run sets it up (flows.traces, from
+    the OTEL variables) against a collector in this process; prints its rate and this process's own
+    CPU per row (steadier than rows/s on a shared machine; the collector's decoding included)
+    against the untraced rounds'. After them: a process's tracer provider is set once and for all."""
+    from benchmarks.otlp_sink import OtlpSink
+    from flows import traces
+
+    sink = OtlpSink()
+    cleanups.insert(0, sink.stop)
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
+    os.environ.setdefault("OTEL_SERVICE_NAME", "pinrotate-benchmark")
+    assert traces.setup_from_environment()
+    rates, own = [], []
+    for round_no in range(1, repeat + 1):
+        moved, secs, _, cpu = single(traced=True)
+        rates.append(moved / secs)
+        own.append(cpu.python / moved * 1e6)
+        print(f"traced round {round_no}/{repeat}: drain {rates[-1]:,.0f} rows/s, {own[-1]:.1f} us own CPU per row",
+              flush=True)
+    traces.flush()
+    rate, cpu_on = statistics.median(rates), statistics.median(own)
+    cpu_off = statistics.median(c.python for c in untraced_cpu) / rows * 1e6
+    print(f"drain, tracing on: {rate:,.0f} rows/s = {rate / untraced:.3f} of tracing off; own CPU per row "
+          f"{cpu_on:.1f} us vs {cpu_off:.1f} us off = {cpu_on / cpu_off:.3f} (medians of {repeat}); "
+          f"exported: {', '.join(f'{n} {name}' for name, n in sorted(sink.spans.items()))}")
+
+
 def main() -> int:
     global SERVER_PID
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -430,6 +461,9 @@ def main() -> int:
     ap.add_argument("--processes", type=int, default=0,
                     help="also: this many plain processes at once, each on its own id range (Dask's shards without Dask)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every figure, in turns (default 3)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also: after the untraced rounds, the same drain with tracing on (contract §7), "
+                         "exporting over OTLP/HTTP to a collector in this process")
     args = ap.parse_args()
 
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
@@ -468,14 +502,18 @@ def main() -> int:
 
         wal: dict[str, list[int]] = {"drain": [], "update": []}
 
-        def single() -> tuple[int, float, int, Cpu]:
+        def single(traced: bool = False) -> tuple[int, float, int, Cpu]:
             scheme = build_scheme(target, ring2, settings.keys)
             restore()
             start = wal_lsn(url)
             with RssSampler() as rss:
                 busy, own, server = busy_cpu_seconds(), own_cpu_seconds(), server_cpu_snapshot()
                 t0 = time.perf_counter()
-                result = drain_target(engine, scheme, options)
+                if traced:  # as a flow's drain task: its span the batches' parent, flushed when it ends
+                    with tracing.span(tracing.DRAIN_SPAN, {tracing.TARGET: target.name}):
+                        result = drain_target(engine, scheme, options)
+                else:
+                    result = drain_target(engine, scheme, options)
                 secs = time.perf_counter() - t0
                 cpu = Cpu(busy_cpu_seconds() - busy, own_cpu_seconds() - own, server=server_cpu_since(server))
             assert result.backlog_remaining == 0 and not result.failed, result
@@ -542,6 +580,8 @@ def main() -> int:
         drain_rate, update_rate = statistics.median(drains), statistics.median(updates)
         print(f"drain: {last[0]:,} rows in {last[0] / drain_rate:.2f} s = {drain_rate:,.0f} rows/s "
               f"(median of {args.repeat}; batch {args.batch_size}, workers {args.workers})")
+        if args.trace:
+            traced_rounds(single, args.repeat, drain_rate, cpus["drain"], args.rows, cleanups)
         print(f"peak RSS during the drain: {peak_kb / 1024:.1f} MiB")
         if args.processes:
             rate = statistics.median(parallels)

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+from flows import traces
 from flows.prefect_api import PrefectApiUnreachable
 from flows.reports import (
     database_named,
@@ -242,6 +243,7 @@ def install_stop_handlers() -> None:
 
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
+    traces.check_environment()
     settings = _settings(ns)
     from flows.prefect_api import check_prefect_api, temporary_server
 
@@ -304,6 +306,7 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
         fail(ns, lost.exit_code, api_lost_message(lost.error or "the Prefect API stopped answering",
                                                   temporary=server is not None))
         sys.stderr.flush()
+        traces.flush()
         os._exit(lost.exit_code)
 
     STOP_SIGNALS.at_once = end_at_once
@@ -320,6 +323,7 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
         return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(
             f"the Prefect API stopped answering ({type(e.__cause__).__name__}); nothing was run",
             temporary=server is not None))
+    traces.flush()  # the run's spans reach the collector before the command returns
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
     emit(ns, outcome.report, run_report(outcome.report))

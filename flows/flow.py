@@ -24,7 +24,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows import reports
+from flows import reports, traces
 from flows.api_watch import (
     ORCHESTRATOR_GRACE_S,
     STOP_SIGNALS,
@@ -82,6 +82,9 @@ SHARDS_PER_WORKER = 4  # more shards than workers, so that one slow shard does n
 
 quiet_fail_closed_tracebacks()
 quiet_prefect_clients_while_api_away()
+# Before any flow run starts (the CLI, a deployment's worker): Prefect starts the flow run's span,
+# the root of the run's trace, before the flow's code runs. Nothing at all without the OTEL variables.
+traces.setup_from_environment()
 
 
 # The flow's own tasks (the plan, verify, the gate report) run on threads of the flow's process; the
@@ -93,11 +96,12 @@ def pinrotate_rotate(config_path: str | None = None, dry_run: bool = False, targ
     """One rotation run. Parameters name things only: no key, value or secret is ever a parameter."""
     configure_stderr_logging()
     batch_lines_at_debug_in_the_ui()
+    traces.check_environment()
     settings = load_settings(config_path)
     flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     spec = RunSpec(config_path=str(resolve_config_path(config_path).resolve()), run_id=flow_run_id,
                    targets=tuple(targets or ()), dry_run=dry_run, tenant=tenant, expected_key=expected_key_version,
-                   deadline=time.time() + settings.job.max_run_duration)
+                   deadline=time.time() + settings.job.max_run_duration, traceparent=traces.traceparent())
     # The flow's own connection holds the single-instance lock while the tasks drain on theirs.
     ctx = rotation.open_run(settings, target_names=spec.targets, dry_run=dry_run, expected_key=expected_key_version,
                             tenant=tenant, run_id=flow_run_id,

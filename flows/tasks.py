@@ -35,12 +35,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from flows import reports
+from flows import reports, traces
 from flows.api_watch import cancellation_watch, flow_run_cancelling, orchestrator_lost
 from flows.runtime import ShardCancelled
 from flows.throttle import VariableThrottleControl
 from flows.worker_logs import drain_logging
-from pinrotate_core import rotation
+from pinrotate_core import rotation, tracing
 from pinrotate_core.config import load_settings
 from pinrotate_core.db import database_url, make_engine
 from pinrotate_core.drain import (
@@ -74,6 +74,7 @@ class RunSpec:
     expected_key: str | None = None  # --expected-key-version, as the operator gave it
     current_key: str | None = None  # the current key read at the start: a task refuses any other
     deadline: float | None = None  # wall clock (time.time()) at which the run leaves the rest for the next one
+    traceparent: str | None = None  # W3C traceparent of the flow run's span: tasks elsewhere join its trace
 
 
 @contextlib.contextmanager
@@ -264,8 +265,11 @@ def drain_shard(spec: RunSpec, target: str, shard: str = "1/1", id_range: tuple[
     backoff, and the attempts' counts add up. A cancellation of the flow run, seen through the
     Prefect API, stops the drain between batches.
     """
-    with drain_logging(spec.run_id):
+    traces.setup_from_environment()  # on a worker of an existing Dask cluster, its first task sets it up
+    with drain_logging(spec.run_id), traces.joined(spec.traceparent), \
+            traces.step_span(tracing.DRAIN_SPAN, spec.run_id, spec.current_key, target=target, shard=shard) as span:
         doc = _drain_shard(spec, target, shard, id_range, rows, exact)
+        traces.drain_ended(span, doc)
     if doc.get("stopped") == STOP_CANCELLED:
         # Prefect shows the stop as it was: a Cancelled task run (the data an exception, as Prefect
         # expects of a Cancelled state; the result document rides along for the flow).
@@ -388,7 +392,8 @@ def recount_backlog(spec: RunSpec, names: list[str]) -> dict[str, int]:
 @task(name="verify", persist_result=False, cache_policy=NO_CACHE)
 def verify(spec: RunSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Re-read a sample of the rows each target's drain committed and decrypt them under the current key."""
-    with run_context(spec, list(results) or None) as ctx:
+    with traces.joined(spec.traceparent), traces.step_span("pinrotate.verify", spec.run_id, spec.current_key), \
+            run_context(spec, list(results) or None) as ctx:
         return rotation.verify(ctx, {n: result_from_dict(d) for n, d in results.items()})
 
 
@@ -396,7 +401,8 @@ def verify(spec: RunSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def retire_gate_report(spec: RunSpec, results: dict[str, dict[str, Any]], report: dict[str, Any],
                        shard_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The gate per older key, published with the run report as table and markdown artifacts."""
-    with run_context(spec, list(results) or None) as ctx:
+    with traces.joined(spec.traceparent), traces.step_span("pinrotate.gate", spec.run_id, spec.current_key), \
+            run_context(spec, list(results) or None) as ctx:
         gate = rotation.gate_report(ctx, {n: result_from_dict(d) for n, d in results.items()})
     report = {**report, "gate": gate}
     table: list[dict[str, Any]] = []

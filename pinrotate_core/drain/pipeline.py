@@ -21,6 +21,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from .. import tracing
 from ..db import describe_db_error, raw_connection
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
@@ -204,6 +205,16 @@ class BatchPipeline:
         log_event("batch_write_retried", level=20, run_id=self.options.run_id or None, target=self.target.name,
                   reason=reason)
 
+    # -- tracing (issue 34): one span per batch transaction, nothing else changed ------------
+    def _traced_write(self, batch_no: int, size: int, conn: psycopg.Connection[Any], plan: BatchPlan,
+                      versions: Any) -> BatchOutcome:
+        """``_write`` in a ``pinrotate.batch`` span (names and counts only; no-op without tracing)."""
+        with tracing.batch_span(self.options.run_id, self.target.name, self.scheme.current_key, size,
+                                batch=batch_no) as span:
+            outcome = self._write(conn, plan, versions)
+            tracing.batch_written(span, outcome.reencrypted, outcome.conflicts, (f.reason for f in plan.failed))
+            return outcome
+
     def _write_once(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any,
                     wait: float | None) -> BatchOutcome:
         """One try: BEGIN (with ``wait`` as this transaction's lock_timeout; None: the session's,
@@ -317,7 +328,9 @@ class BatchPipeline:
                     if writer is None:
                         self._record(worker, k + 1, len(rows), plan, BatchOutcome(reencrypted=plan.planned), started)
                     else:
-                        pending = _Pending(writer.submit(self._write, conn, plan, versions), worker, k + 1,
+                        # In a copy of this thread's context: the batch's span hangs from the drain's.
+                        pending = _Pending(writer.submit(contextvars.copy_context().run, self._traced_write, k + 1,
+                                                         fetched.size, conn, plan, versions), worker, k + 1,
                                            len(rows), plan, started)
                         if throttle is not None:  # read-to-commit time feeds the batch sizer
                             pending.future.add_done_callback(_feeds_sizer(throttle, len(rows), started))
