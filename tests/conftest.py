@@ -103,8 +103,18 @@ def pinrotate_home() -> Path:
 #     tests: mark the module ``pytestmark = pytest.mark.xdist_group("<module>")`` so that all its
 #     tests run on one worker (and it is made once). Streaming replicas (tests/pg_replica.py)
 #     are module-scoped on the worker's embedded server; their modules are grouped as well.
-#  5. Tests never wait on each other across workers; nothing may depend on test order.
+#  5. Tests never wait on each other across workers; nothing may depend on test order. A test that
+#     takes a minute or more is marked ``@pytest.mark.slow``: it is handed out first.
 # ---------------------------------------------------------------------------------------------
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` tests first (in their order otherwise): xdist hands tests out in collection order
+    (after the xdist_group modules), and a test of minutes handed out last is the run's tail.
+    trylast: after pytest's own grouping by fixture parameters. A module with module-scoped
+    fixtures marks a test ``slow`` only as a whole (its tests must stay together)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 # Parameters whose value names a server shared by every worker (and by other sessions on the
 # machine): {fixture parameter: {value: server key}}. "pg15": PINROTATE_TEST_EXTRA_DATABASE_URL.
