@@ -81,6 +81,7 @@ def pinrotate_home() -> Path:
 # Parallel runs (pytest-xdist; ``-n 4 --dist loadgroup`` in pyproject's addopts). The rules every
 # fixture and test keeps; a new server fixture (MariaDB, PgBouncer, ...) must keep them too.
 #
+# A few tests: ``.venv/bin/python -m pytest -n 0 tests/test_x.py -k ...`` (one process, no workers).
 # Each xdist worker is a pytest session of its own, in its own process: every session fixture runs
 # once PER WORKER, and a worker runs its tests one at a time. So:
 #  1. A server a fixture starts is the worker's own: a port the kernel picked (``free_loopback_port``
@@ -117,7 +118,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Parameters whose value names a server shared by every worker (and by other sessions on the
-# machine): {fixture parameter: {value: server key}}. "pg15": PINROTATE_TEST_EXTRA_DATABASE_URL.
+# machine): {fixture parameter: {value: server key}}. "pg15" and "external" stand for the URLs in
+# PINROTATE_TEST_EXTRA_DATABASE_URL and PINROTATE_TEST_DATABASE_URL; any other key is the
+# server's own address, e.g. a MariaDB fixture parametrised "mariadb" adds
+# ``SHARED_SERVER_PARAMS["mariadb_server"] = {"mariadb": "mysql://127.0.0.1:3306"}``.
 SHARED_SERVER_PARAMS: dict[str, dict[str, str]] = {"pg_server": {"pg15": "pg15", "external": "external"}}
 
 
