@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import logging
@@ -74,6 +75,90 @@ def pinrotate_home() -> Path:
     """The session's private ``$PINROTATE_HOME`` (a temporary folder, removed at the end)."""
     assert _SESSION_HOME is not None
     return _SESSION_HOME
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel runs (pytest-xdist; ``-n 4 --dist loadgroup`` in pyproject's addopts). The rules every
+# fixture and test keeps; a new server fixture (MariaDB, PgBouncer, ...) must keep them too.
+#
+# A few tests: ``.venv/bin/python -m pytest -n 0 tests/test_x.py -k ...`` (one process, no workers).
+# Each xdist worker is a pytest session of its own, in its own process: every session fixture runs
+# once PER WORKER, and a worker runs its tests one at a time. So:
+#  1. A server a fixture starts is the worker's own: a port the kernel picked (``free_loopback_port``
+#     in tests/vault_server.py, retried if another process took it first) or a unix socket in its
+#     own ``mkdtemp`` folder; never a fixed TCP port. Its data, PID and log files in its own
+#     ``mkdtemp`` folder (or ``tmp_path_factory``), removed at the end. Never ``~`` or the checkout.
+#  2. On a server that the workers SHARE (the machine's PostgreSQL 15 and MariaDB: 127.0.0.1:5432,
+#     127.0.0.1:3306): only uniquely named objects (databases, roles, users: pid + random, as
+#     ``PgServer`` names them), dropped afterwards; never a server setting (ALTER SYSTEM, SET GLOBAL).
+#  3. Whatever a test reads about the whole server (sessions of all databases, WAL, replication,
+#     global status) sees the other workers' tests on a shared server. Confine the query to the
+#     test's own database (``datname = current_database()``; MariaDB: ``db = DATABASE()``), or run
+#     the test on a server of the worker's own (the embedded PostgreSQL is per worker: its WAL,
+#     sessions and standbys are that worker's alone), or, when neither can be, mark it
+#     ``@pytest.mark.server_wide``: it then runs while no other test of this run (any worker) uses
+#     the shared servers its parameters name (see ``shared_server_lock``). A share of a shared
+#     server is taken by ``_shared_server_share`` for every test parametrised on one: a new
+#     fixture of a shared server names its parameter in ``SHARED_SERVER_PARAMS``.
+#  4. An expensive module-scoped fixture is made once per worker that runs one of the module's
+#     tests: mark the module ``pytestmark = pytest.mark.xdist_group("<module>")`` so that all its
+#     tests run on one worker (and it is made once). Streaming replicas (tests/pg_replica.py)
+#     are module-scoped on the worker's embedded server; their modules are grouped as well.
+#  5. Tests never wait on each other across workers; nothing may depend on test order. A test that
+#     takes a minute or more is marked ``@pytest.mark.slow``: it is handed out first.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` tests first (in their order otherwise): xdist hands tests out in collection order
+    (after the xdist_group modules), and a test of minutes handed out last is the run's tail.
+    trylast: after pytest's own grouping by fixture parameters. A module with module-scoped
+    fixtures marks a test ``slow`` only as a whole (its tests must stay together)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# Parameters whose value names a server shared by every worker (and by other sessions on the
+# machine): {fixture parameter: {value: server key}}. "pg15" and "external" stand for the URLs in
+# PINROTATE_TEST_EXTRA_DATABASE_URL and PINROTATE_TEST_DATABASE_URL; any other key is the
+# server's own address, e.g. a MariaDB fixture parametrised "mariadb" adds
+# ``SHARED_SERVER_PARAMS["mariadb_server"] = {"mariadb": "mysql://127.0.0.1:3306"}``.
+SHARED_SERVER_PARAMS: dict[str, dict[str, str]] = {"pg_server": {"pg15": "pg15", "external": "external"}}
+
+
+@contextlib.contextmanager
+def shared_server_lock(server_key: str, *, exclusive: bool) -> Iterator[None]:
+    """A readers-writer lock on one shared server, across processes (``flock`` on files in the
+    system temporary folder, named by the server's URL): many tests share a server, a
+    ``server_wide`` test holds it alone. A waiting writer holds the turnstile, so that readers
+    arriving meanwhile queue behind it instead of starving it."""
+    url = {"pg15": _EXTRA_URL, "external": _PRIMARY_URL}.get(server_key) or server_key
+    tag = hashlib.sha256(url.encode()).hexdigest()[:16]
+    base = Path(tempfile.gettempdir()) / f"pinrotate-test-server-{tag}"
+    fds = [os.open(f"{base}.{part}.lock", os.O_RDONLY | os.O_CREAT, 0o666) for part in ("turnstile", "server")]
+    turnstile, server = fds
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(server, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)  # closing releases the flock
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A share (or, for ``server_wide`` tests, the whole) of each shared server the test runs on."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    keys = sorted({SHARED_SERVER_PARAMS[name][value] for name, value in params.items()
+                   if name in SHARED_SERVER_PARAMS and value in SHARED_SERVER_PARAMS[name]})
+    exclusive = request.node.get_closest_marker("server_wide") is not None
+    with contextlib.ExitStack() as held:
+        for key in keys:  # sorted: two tests never wait on each other's second server
+            held.enter_context(shared_server_lock(key, exclusive=exclusive))
+        yield
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ from pinrotate_core.db import database_identity, make_engine, raw_connection
 from pinrotate_core.errors import DatabaseUnavailable
 from tests.pinprofile import cli_all, seed_profile, write_config
 
+# xdist: every test of this module on one worker (one embedded PostgreSQL of the module's own, stopped by its tests).
+pytestmark = pytest.mark.xdist_group("test_db_errors")
+
 PASSWORD = "Pw-not-to-be-shown-31f9"
 COMMANDS = (["inventory"], ["gate", "--retire", "1"], ["run"])
 

@@ -20,6 +20,7 @@ def _check(doc: dict[str, Any], rows: int) -> None:
     assert demo["gate_key_1"]["open"] is True
 
 
+@pytest.mark.slow
 def test_demo_rotates_sample_rows_to_key_2_and_opens_the_gate_for_key_1(prefect_api: str) -> None:
     code, doc, err = cli("demo", "--rows", "200", "--json", env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err

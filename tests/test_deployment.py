@@ -37,7 +37,8 @@ from tests.conftest import PG_SERVER_IDS
 from tests.helpers import secret_forms
 from tests.pinprofile import REPO, PinProfile, seed_profile
 
-pytestmark = pytest.mark.deployment
+# xdist: every test of this module on one worker (one prefect server, seeded database and deployment for the module).
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_deployment")]
 
 DEPLOYMENT = "pinrotate-rotate/profile-reencrypt"
 WORK_POOL = "pinrotate-process"

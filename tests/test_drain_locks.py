@@ -61,9 +61,11 @@ def on_key_2(db: PinDb) -> int:
 
 
 def our_open_transactions(conn: psycopg.Connection[Any]) -> int:
-    """pinrotate sessions in a transaction that has locked or written rows (it holds a transaction id)."""
+    """pinrotate sessions on this test's database in a transaction that has locked or written rows
+    (it holds a transaction id). Only this database's: other tests (xdist workers, other sessions)
+    drain other databases of the same shared server meanwhile."""
     row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pinrotate'"
-                       " AND backend_xid IS NOT NULL").fetchone()
+                       " AND datname = current_database() AND backend_xid IS NOT NULL").fetchone()
     return int(row[0]) if row else 0
 
 
@@ -164,6 +166,7 @@ def test_a_batch_blocked_by_a_table_lock_fails_after_the_per_batch_timeout_and_w
         # Batch 1's second try (its first waits on the table for at most a short while): the lock of
         # its rows, SKIP LOCKED. The drain's last count of the backlog queues behind the lock too.
         row = probe.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pinrotate'"
+                            " AND datname = current_database()"
                             " AND wait_event_type = 'Lock' AND query LIKE '%SKIP LOCKED%'").fetchone()
         return int(row[0]) if row else 0
 

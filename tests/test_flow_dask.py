@@ -131,6 +131,7 @@ def test_a_dask_run_drains_every_pin_profile_target_in_worker_processes(
     assert not dask_info, dask_info[:10]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_nothing_and_a_rerun_completes(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=300, **SLOW_JOB, **DASK)
@@ -168,6 +169,7 @@ def test_a_worker_killed_mid_run_loses_nothing_and_a_rerun_completes(
     assert rows_consistent(profile) == {2: 300}
 
 
+@pytest.mark.slow
 def test_a_connection_killed_once_is_retried_and_the_run_ends_done_not_db_error(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=300, **SLOW_JOB, **DASK)
@@ -347,6 +349,7 @@ def _running_run_id(prefect_api: str, proc: subprocess.Popen[str], timeout: floa
     raise AssertionError("the run was not seen running")
 
 
+@pytest.mark.slow
 def test_with_an_existing_cluster_every_batch_reaches_the_cli_and_the_progress_artifact_moves_per_batch(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     """``dask scheduler`` and ``dask worker`` as an operator starts them, in processes of their own."""

@@ -51,6 +51,7 @@ def _wait_for_batches(profile: PinProfile, cli: subprocess.Popen[str], timeout: 
     raise AssertionError("no batch was committed in time")
 
 
+@pytest.mark.slow
 def test_a_run_whose_temporary_prefect_server_dies_stops_between_batches_with_one_line_and_exit_4(
         primary_database_url: str, tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from pinrotate_core import rotation
@@ -36,6 +37,9 @@ from . import pg_replica as replica_fixtures
 from . import pg_standalone, test_targets
 from .pg_replica import Replica, _bin
 from .test_targets import PEOPLE, create_people, url_as
+
+# xdist: every test of this module on one worker (one streaming replica of the worker's embedded server for the module).
+pytestmark = pytest.mark.xdist_group("test_gate_settle")
 
 # Fixtures of other modules, used here.
 pg_replica, replicated_database = replica_fixtures.pg_replica, replica_fixtures.replicated_database

@@ -34,6 +34,9 @@ from pinrotate_core.metrics import (
     RotationMetrics,
 )
 
+# xdist: every test of this module on one worker (one Pushgateway (with and without auth) for the module).
+pytestmark = pytest.mark.xdist_group("test_metrics")
+
 PUSHGATEWAY = "prometheus-pushgateway"
 P = DEFAULT_PREFIX
 # bcrypt (cost 4) of AUTH_PASSWORD, for the gateway's --web.config.file basic_auth_users.

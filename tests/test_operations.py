@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from pinrotate_core.rotation import LOCK_NAME
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
@@ -29,6 +30,7 @@ def test_a_second_run_exits_0_at_once_while_another_holds_the_single_instance_lo
     assert doc["targets"]["Person"]["reencrypted"] == 30
 
 
+@pytest.mark.slow
 def test_no_plaintext_key_or_ciphertext_appears_in_output_logs_artifacts_or_report(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client

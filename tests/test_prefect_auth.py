@@ -25,7 +25,8 @@ import pytest
 
 from tests.pinprofile import cli, seed_profile
 
-pytestmark = pytest.mark.deployment
+# xdist: every test of this module on one worker (one authenticated prefect server for the module).
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_prefect_auth")]
 
 
 def _free_port() -> int:

@@ -22,6 +22,9 @@ from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 
 from .helpers import make_keyring
 
+# xdist: every test of this module on one worker (one database per server for the module).
+pytestmark = pytest.mark.xdist_group("test_presets")
+
 if TYPE_CHECKING:
     from .conftest import PgServer
 

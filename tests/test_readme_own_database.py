@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.pinprofile import REPO
 
@@ -27,6 +28,7 @@ def own_database_block() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_own_database_steps_run_as_written_and_end_with_an_open_gate(
         primary_database_url: str, tmp_path: Path) -> None:
     assert (REPO / ".venv" / "bin" / "python").exists(), "the block runs .venv/bin/python: install as the README says"

@@ -29,7 +29,8 @@ import pytest
 from tests.pinprofile import REPO
 from tests.test_deployment import free_loopback_port, loopback_only
 
-pytestmark = pytest.mark.deployment
+# slow: both tests take minutes (a whole walkthrough; a server left idle for a minute).
+pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
 MARKER = "<!-- walkthrough: deployment -->"
 # A bound on the whole block, whose longest parts are the server's first start (SQLite

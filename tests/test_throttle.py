@@ -40,6 +40,9 @@ from pinrotate_core.throttle import (
 
 from .pg_replica import Replica, logical_decoding, pg_replica, replicated_database, wal_receiver  # noqa: F401
 
+# xdist: every test of this module on one worker (one streaming replica of the worker's embedded server for the module).
+pytestmark = pytest.mark.xdist_group("test_throttle")
+
 BOUND_S = 60.0  # only a bound against a hang; never asserted on
 
 

