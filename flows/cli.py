@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sample persons (default 10000), with N/2 documents, N/4 templates and N/4 requests")
     demo.add_argument("--keys", choices=("file", "vault"), default="file",
                       help="key provider for the demo (vault needs VAULT_ADDR/VAULT_TOKEN or a local bao)")
+    demo.add_argument("--preset", choices=("pin-profile", "forge"), default="pin-profile",
+                      help="forge: Forge's own tables and a sample Forge bootstrap file, rotated to k2")
 
     seed = sub.add_parser("seed", help="load the Pin profile sample into the configured database (never one that"
                                        " already holds its tables), to try a rotation on your own server")
@@ -200,6 +202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "seed":
             return cmd_seed(ns)
         if ns.command == "demo":
+            if ns.preset == "forge":
+                if ns.config is not None:
+                    raise ConfigError("demo --config: the demo runs on its own embedded server and keys and reads no"
+                                      " configuration; to load Forge's sample into your database: seed --preset forge")
+                if ns.rows < 1:
+                    raise ConfigError("--rows: must be at least 1")
+                from flows import demo_forge
+
+                return demo_forge.run(ns)
             from flows import demo
 
             return demo.run(ns)

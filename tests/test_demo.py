@@ -51,3 +51,15 @@ def test_demo_refuses_a_config_it_would_ignore_and_points_to_seed(tmp_path: Path
     assert code == 2 and "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("pinrotate: error:")]
     assert "seed --config" in line
+
+
+def test_demo_forge_preset_rotates_forges_tables_to_k2_and_opens_the_legacy_gate(prefect_api: str) -> None:
+    code, doc, err = cli("demo", "--preset", "forge", "--rows", "40", "--json", env={"PREFECT_API_URL": prefect_api})
+    assert code == 0, err
+    assert doc["current_key"] == "k2" and doc["demo"]["preset"] == "forge"
+    after = doc["demo"]["inventory_after"]["targets"]
+    assert sorted(after) == ["DataConnection", "lowcode:crm_customer"]  # discovered from Forge's metadata
+    assert all(t["HISTORICAL"] == t["LEGACY"] == t["FAILED"] == t["UNKNOWN"] == 0 for t in after.values())
+    assert after["lowcode:crm_customer"]["ACTIVE"] == 70  # 40 phones, 30 id cards
+    assert doc["demo"]["gate_legacy"]["open"] is True
+    assert "demo: seeded" in err

@@ -261,3 +261,33 @@ def test_a_value_written_under_a_checked_key_after_the_pre_pass_holds_the_key_fr
     assert moved == [1, 2, 3, 4, 5, 6]
     assert after[7] == forge_encrypt("SM4", LEGACY_KEY, "pw-7") and after[9] == forge_encrypt("SM4", LEGACY_KEY, "pw-9")
     assert [f.id for f in result.failed] == ["8"] and result.fail_closed
+
+
+# Found once, offline, by trying "pw-%012d" under the first key until one read as text under the
+# second (tests/test_forge_rules.py's own ECB code): a legacy value that a wrong legacy key turns
+# into valid padding AND valid UTF-8, i.e. into plausible garbage. TEST KEYS ONLY.
+FIXED_LEGACY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
+FIXED_WRONG = bytes.fromhex("f0e1d2c3b4a5968778695a4b3c2d1e0f")
+READS_AS_TEXT_UNDER_THE_WRONG_KEY = "pw-000000161262"
+
+
+def test_a_value_that_reads_as_text_under_the_wrong_legacy_key_is_held_not_rewritten(
+        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+    lucky = forge_encrypt("SM4", FIXED_LEGACY, READS_AS_TEXT_UNDER_THE_WRONG_KEY)
+    garbage = forge_decrypt("SM4", FIXED_WRONG, lucky)  # the trap is real: padding and UTF-8 both pass
+    assert garbage != READS_AS_TEXT_UNDER_THE_WRONG_KEY
+    others = [forge_encrypt("SM4", FIXED_LEGACY, f"pw-{i}") for i in range(5)]
+    create_tables(pg_conn)
+    for i, v in enumerate([lucky, *others], start=1):
+        pg_conn.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)", (i, v))
+    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=FIXED_WRONG))
+    before = column(pg_conn, "ai_report_data_connection", "password_cipher")
+
+    report = rotation.run_rotation(s, expected_key="k2")
+
+    assert column(pg_conn, "ai_report_data_connection", "password_cipher") == before
+    result = report.targets["DataConnection"]
+    assert report.exit_code == rotation.EXIT_FAIL_CLOSED and result.reencrypted == 0
+    assert "1" not in {f.id for f in result.failed} and result.counts["key_held"] >= 1
+    assert {f.id for f in result.failed} == {str(i) for i, v in enumerate([lucky, *others], start=1)
+                                              if not _reads_as_text_under("SM4", FIXED_WRONG, v)}
