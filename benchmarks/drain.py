@@ -418,35 +418,6 @@ def row_at_a_time(url: str, ciphers: AesGcmCipherSet, sample: int, new_version: 
     return done / (time.perf_counter() - started)
 
 
-def traced_rounds(single: Callable[..., tuple[int, float, int, Cpu]], repeat: int, untraced: float,
-                  untraced_cpu: list[Cpu], rows: int, cleanups: list[Callable[[], None]]) -> None:
-    """The drain again, ``repeat`` times, with tracing set up as a run sets it up (flows.traces, from
-    the OTEL variables) against a collector in this process; prints its rate and this process's own
-    CPU per row (steadier than rows/s on a shared machine; the collector's decoding included)
-    against the untraced rounds'. After them: a process's tracer provider is set once and for all."""
-    from benchmarks.otlp_sink import OtlpSink
-    from flows import traces
-
-    sink = OtlpSink()
-    cleanups.insert(0, sink.stop)
-    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
-    os.environ.setdefault("OTEL_SERVICE_NAME", "pinrotate-benchmark")
-    assert traces.setup_from_environment()
-    rates, own = [], []
-    for round_no in range(1, repeat + 1):
-        moved, secs, _, cpu = single(traced=True)
-        rates.append(moved / secs)
-        own.append(cpu.python / moved * 1e6)
-        print(f"traced round {round_no}/{repeat}: drain {rates[-1]:,.0f} rows/s, {own[-1]:.1f} us own CPU per row",
-              flush=True)
-    traces.flush()
-    rate, cpu_on = statistics.median(rates), statistics.median(own)
-    cpu_off = statistics.median(c.python for c in untraced_cpu) / rows * 1e6
-    print(f"drain, tracing on: {rate:,.0f} rows/s = {rate / untraced:.3f} of tracing off; own CPU per row "
-          f"{cpu_on:.1f} us vs {cpu_off:.1f} us off = {cpu_on / cpu_off:.3f} (medians of {repeat}); "
-          f"exported: {', '.join(f'{n} {name}' for name, n in sorted(sink.spans.items()))}")
-
-
 def main() -> int:
     global SERVER_PID
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -581,7 +552,9 @@ def main() -> int:
         print(f"drain: {last[0]:,} rows in {last[0] / drain_rate:.2f} s = {drain_rate:,.0f} rows/s "
               f"(median of {args.repeat}; batch {args.batch_size}, workers {args.workers})")
         if args.trace:
-            traced_rounds(single, args.repeat, drain_rate, cpus["drain"], args.rows, cleanups)
+            from benchmarks.trace_cost import traced_rounds
+
+            traced_rounds(single, args.repeat, drain_rate, [c.python for c in cpus["drain"]], args.rows, cleanups)
         print(f"peak RSS during the drain: {peak_kb / 1024:.1f} MiB")
         if args.processes:
             rate = statistics.median(parallels)

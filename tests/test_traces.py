@@ -232,6 +232,40 @@ def test_a_deployment_run_records_a_row_that_does_not_decrypt_as_its_kind_with_n
     _assert_no_secret(spans, before + _secrets(profile) + [str(bad_id)])
 
 
+def test_the_workers_of_an_existing_dask_cluster_started_with_the_same_variables_join_the_runs_trace(
+        prefect_api: str, primary_database_url: str, tmp_path: Path, collector: Collector) -> None:
+    """``dask scheduler`` and ``dask worker`` as an operator starts them (no pinrotate preload): each
+    worker sets up its exporter at its first drain, from its own OTEL variables, and its batches
+    hang from the flow run through the RunSpec's traceparent."""
+    from tests.test_flow_dask import _dask, _free_port, _stop, _wait_for_workers
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**_otel_env(collector.endpoint), "PREFECT_API_URL": prefect_api}
+    scheduler = _dask(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], env,
+                      tmp_path / "scheduler.log")
+    workers = _dask(["worker", address, "--nthreads", "1", "--nworkers", "2", "--no-dashboard"], env,
+                    tmp_path / "workers.log")
+    try:
+        _wait_for_workers(address, 2)
+        profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, task_runner="dask",
+                               max_degree_of_parallelism=2, dask_address=address, **JOB)
+        before = _secrets(profile)
+        code, doc, err = _run(profile, prefect_api, env)
+    finally:
+        _stop(workers)
+        _stop(scheduler)
+    assert code == 0, err[-4000:]
+    assert collector.errors == []
+    root, in_trace = _the_runs_trace(collector, doc)
+    batches = _assert_batches_match_report(in_trace, doc)
+    drains = _assert_steps(root, in_trace, doc, FLOW_TASKS)
+    assert {d.parent_id for d in drains} == {root.span_id}
+    assert root.resource["process.pid"] not in {s.resource["process.pid"] for s in drains + batches}
+    assert {s.trace_id for s in collector.spans} == {root.trace_id}
+    _assert_no_secret(collector.spans, before + _secrets(profile))
+
+
 def _free(port: int) -> bool:
     with socket.socket() as s:
         try:
