@@ -87,17 +87,19 @@ def one_moment(engine: sa.Engine) -> Iterator[Moment]:
 # writes no row here and is not waited for. One whose holder cannot be told is kept (fail closed).
 _THIS_DATABASE = """
 SELECT x FROM unnest(%s::bigint[]) AS x
- WHERE txid_status(x) IS DISTINCT FROM 'aborted' AND NOT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE txid_status(x) IS DISTINCT FROM 'aborted'
+   AND NOT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
                     WHERE l.locktype = 'transactionid' AND l.transactionid::text::bigint = x %% 4294967296
                       AND a.datid IS NOT NULL
                       AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))
 """
 
-# The xid of every transaction that has one and runs now, in this database (its own xid lock).
+# The xid of every transaction that has one and runs now (its own xid lock), unless it is known to run in
+# another database (pg_stat_activity is read once per transaction: a session it does not list is kept).
 _XID_LOCKS = """
-SELECT l.transactionid::text::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+SELECT l.transactionid::text::bigint FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
-   AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND (a.datid IS NULL OR a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()))
 """
 
 
