@@ -115,6 +115,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     trylast: after pytest's own grouping by fixture parameters. A module with module-scoped
     fixtures marks a test ``slow`` only as a whole (its tests must stay together)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # An xdist worker under loadgroup: the group must be in each grouped test's node id (that is how
+    # xdist 3.8 tells the scheduler). pytest 9.2 silently drops it (pytest-xdist issue #1386), and
+    # the grouped tests would then share nothing: say so instead of running them apart.
+    if getattr(config.option, "loadgroup", False):
+        lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"xdist_group is not applied to {lost[0]} (and {len(lost) - 1} more): this "
+                                    "pytest/pytest-xdist pair cannot group tests; see pyproject's pytest pin")
 
 
 # Parameters whose value names a server shared by every worker (and by other sessions on the
