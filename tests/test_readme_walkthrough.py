@@ -100,6 +100,7 @@ def a_checkout_of_its_own(home: Path) -> Path:
     return work
 
 
+@pytest.mark.timeout(WALKTHROUGH_BOUND_S + 300)  # both blocks: the bound on the block, plus the own-database block
 def test_the_readme_own_database_then_deployment_walkthroughs_run_as_written_in_one_shell_and_compose(
         fresh_home: Path, primary_database_url: str) -> None:
     assert (REPO / ".venv" / "bin" / "prefect").exists(), "the walkthrough runs .venv/bin/...: install as the README says"
