@@ -9,12 +9,11 @@ traceback (exit 1). Nothing here reads or prints the auth string itself.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,10 @@ from pinrotate_core.errors import ConfigError, PinrotateError
 
 AUTH_HINT = ("set PREFECT_API_AUTH_STRING to the server's PREFECT_SERVER_API_AUTH_STRING "
              "(docs/reference.md, \"Who may start a rotation\")")
+
+
+class TemporaryServerFailed(PinrotateError):
+    """The temporary Prefect server of an ad hoc run did not start (exit 1, one line)."""
 
 
 class PrefectApiUnreachable(PinrotateError):
@@ -54,8 +57,12 @@ def check_prefect_api() -> None:
     import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, \
-        temporary_settings
+    from prefect.settings import (
+        PREFECT_API_REQUEST_TIMEOUT,
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        temporary_settings,
+    )
 
     url = PREFECT_API_URL.value()
     if not url:
@@ -76,21 +83,20 @@ def check_prefect_api() -> None:
 
 # -- the temporary server of an ad hoc run ------------------------------------------------------------
 
-def _parent_death_signal() -> Any:
-    """Linux: a function for the server's process, run before it starts, that has it sent SIGTERM
-    when the CLI's process ends, however it ends (a SIGKILL included), so that no server outlives
-    the run it served; resolved here, before the fork. Elsewhere: None."""
-    if not sys.platform.startswith("linux"):
-        return None
+# The server's process starts here: on Linux it first asks to be sent SIGTERM when the CLI's
+# process ends, however it ends (a SIGKILL included), so that no server outlives the run it served;
+# then it runs uvicorn as ``python -m uvicorn ARGS`` would. (Not a preexec_fn: unsafe with threads.)
+_LAUNCH = """
+import runpy, signal, sys
+if sys.platform.startswith("linux"):
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        import ctypes
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        return None
-
-    def set_it() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-    return set_it
+        pass
+sys.argv = ["uvicorn", *sys.argv[1:]]
+runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
+"""
 
 
 def _free_port() -> int:
@@ -108,10 +114,10 @@ def _spawn_server(port: int) -> subprocess.Popen[Any]:
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
     return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+        [sys.executable, "-c", _LAUNCH, "--app-dir", str(prefect.__module_path__.parent), "--factory",
          "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "error", "--lifespan", "on"],
-        env=env, start_new_session=True, preexec_fn=_parent_death_signal())
+        env=env, start_new_session=True)
 
 
 def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
@@ -132,6 +138,25 @@ def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
                 return spawned
             assert self.port is not None
             return _spawn_server(self.port)  # the port was taken meanwhile (exit 3): another one
+
+        def start(self, timeout: int | None = None) -> None:
+            """Prefect's start, but a server process that exits (other than for a port taken
+            meanwhile, which Prefect handles) is a one-line error at once, not minutes of waiting."""
+            import httpx
+
+            early = self.early
+            while early is not None:
+                code = early.poll()
+                if code is not None and code != 3:
+                    raise TemporaryServerFailed(f"the temporary Prefect server of this run exited with code {code} "
+                                                "before it answered; its error is above")
+                try:
+                    if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200 or code == 3:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            super().start(timeout)
 
         def stop(self) -> None:
             if self.early is not None:  # spawned, never started: the run refused to start

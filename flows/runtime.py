@@ -298,10 +298,24 @@ def batch_lines_at_debug_in_the_ui() -> None:
             handler.addFilter(_BatchLinesAtDebug(handler))
 
 
+class _CancelledShardIsNoError(logging.Filter):
+    """Prefect's task engine logs a task run's Cancelled end at ERROR; a shard stopped by the run's
+    cancellation (ShardCancelled) is the stop the operator asked for: INFO, as the flow's own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "Finished in state Cancelled(" in record.getMessage() \
+                and "stopped between batches" in record.getMessage():
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
 def quiet_fail_closed_tracebacks() -> None:
-    """Install the filter on the loggers of Prefect's flow engine (idempotent)."""
+    """Install the filters on the loggers of Prefect's flow and task engines (idempotent)."""
     for name in ("prefect.flow_runs", "prefect.engine", "prefect.flow_engine"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NoTracebackForFailClosed) for f in logger.filters):
             logger.addFilter(_NoTracebackForFailClosed())
+    tasks = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, _CancelledShardIsNoError) for f in tasks.filters):
+        tasks.addFilter(_CancelledShardIsNoError())
 

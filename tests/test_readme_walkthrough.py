@@ -1,11 +1,14 @@
 """README's deployment walkthrough, run as it is written: server, sample, work pool, deploy, worker,
-a run cancelled mid-drain, a run to the end, artifacts, the gate, stop.
+a run cancelled mid-drain, a run to the end, artifacts, the gate, stop (the schedule paused).
 
-The block after ``<!-- walkthrough: deployment -->`` is handed to bash unchanged, from the
-checkout, in a fresh ``HOME`` (so ~/.prefect and ~/.pinrotate are this test's own) with
-``PREFECT_API_URL`` on a free loopback port; nothing else of the shell's Prefect or pinrotate
-settings reaches it. What it did is then read from what it left: its output, the worker's log,
-the Prefect server's SQLite database and the sample database's key versions.
+The README's own-database block and then the block after ``<!-- walkthrough: deployment -->`` are
+handed to one bash unchanged, one after the other, as a person follows the README in one shell:
+from a checkout of their own (symlinks to this one's files), in a fresh ``HOME`` (so ~/.prefect and
+~/.pinrotate* are this test's own) with ``PREFECT_API_URL`` on a free loopback port and
+``PINROTATE_DATABASE_URL`` naming a fresh database for the own-database block (as its first comment
+offers); nothing else of the shell's Prefect or pinrotate settings reaches it. The blocks must
+compose: each keeps its own keyring. What they did is then read from what they left: the output,
+the worker's log, the Prefect server's SQLite database and the databases' key versions.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 from tests.pinprofile import REPO
 from tests.test_deployment import free_loopback_port, loopback_only
+from tests.test_readme_own_database import own_database_block
 
 # slow: both tests take minutes (a whole walkthrough; a server left idle for a minute).
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
@@ -87,19 +91,36 @@ def fresh_home() -> Iterator[Path]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def test_the_readme_deployment_walkthrough_runs_as_written_and_a_cancel_ends_cancelled_without_a_traceback(
-        fresh_home: Path) -> None:
+def a_checkout_of_its_own(home: Path) -> Path:
+    """A folder that has the checkout's files (symlinked), where the blocks may write theirs (mine.toml)."""
+    work = home / "checkout"
+    work.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in ("mine.toml", "mine-keys.toml"):
+            (work / entry.name).symlink_to(entry)
+    return work
+
+
+@pytest.mark.timeout(WALKTHROUGH_BOUND_S + 300)  # both blocks: the bound on the block, plus the own-database block
+def test_the_readme_own_database_then_deployment_walkthroughs_run_as_written_in_one_shell_and_compose(
+        fresh_home: Path, primary_database_url: str) -> None:
     assert (REPO / ".venv" / "bin" / "prefect").exists(), "the walkthrough runs .venv/bin/...: install as the README says"
-    env, _ = walkthrough_env(fresh_home)
-    proc = subprocess.Popen(["bash", "-eu", "-c", walkthrough_block()], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env, api = walkthrough_env(fresh_home)
+    env["PINROTATE_DATABASE_URL"] = primary_database_url  # the own-database block's own server
+    # The reader comes to the deployment block with no Prefect server yet (the own-database `run`
+    # starts a temporary one of its own); the port the server will listen on is this test's choice,
+    # which the block's `export PREFECT_API_URL=${PREFECT_API_URL:-...}` keeps.
+    del env["PREFECT_API_URL"]
+    both = f"{own_database_block()}\nPREFECT_API_URL={api}\n{walkthrough_block()}"
+    proc = subprocess.Popen(["bash", "-eu", "-c", both], cwd=a_checkout_of_its_own(fresh_home), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=WALKTHROUGH_BOUND_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         raise AssertionError(f"the walkthrough did not finish in {WALKTHROUGH_BOUND_S} s:\n{output[-6000:]}") from None
-    pinrotate_home = fresh_home / ".pinrotate"
+    pinrotate_home = fresh_home / ".pinrotate-deployment"
     worker_log = (pinrotate_home / "prefect-worker.log").read_text(encoding="utf-8", errors="replace") \
         if (pinrotate_home / "prefect-worker.log").exists() else ""
     assert proc.returncode == 0, f"the walkthrough exited {proc.returncode}:\n{output[-6000:]}\n--- worker:\n" \
@@ -117,12 +138,23 @@ def test_the_readme_deployment_walkthrough_runs_as_written_and_a_cancel_ends_can
     assert re.search(r"finished in state 'Cancelled'", output), output[-4000:]
     assert re.search(r"finished (successfully )?in 'Completed'", output), output[-4000:]
     with sqlite3.connect(fresh_home / ".prefect" / "prefect.db") as db:
+        # The deployment's runs started by hand (the own-database block's ad hoc run is in the same
+        # ~/.prefect history, without a deployment).
         runs = db.execute("SELECT state_type, state_name FROM flow_run WHERE NOT auto_scheduled "
-                          "ORDER BY start_time").fetchall()
+                          "AND deployment_id IS NOT NULL ORDER BY start_time").fetchall()
         (cancel_message,) = db.execute("SELECT message FROM flow_run_state WHERE type = 'CANCELLED' "
                                        "AND name = 'Cancelled'").fetchone()
+        schedules = db.execute("SELECT active FROM deployment_schedule").fetchall()
     assert runs == [("CANCELLED", "Cancelled"), ("COMPLETED", "Completed")], runs
+    assert schedules == [(0,)], schedules  # the stop step paused the schedule: no late runs at the next start
     assert re.match(r"stopped between batches; [1-9]\d* rows re-encrypted stay committed, [1-9]\d* left", cancel_message)
+
+    # The own-database block ran first, on its own keyring: its gate opened, and the deployment's
+    # sample and keyring were the preset's, not the own-database block's (key 2 promoted from 1).
+    assert "gate for key 1: OPEN" in output and "key 2 is now current (was 1)" in output, output[-6000:]
+    assert output.count("key 2 is now current (was 1)") == 2, output[-6000:]
+    assert (fresh_home / "checkout" / "mine-keys.toml").exists() and (pinrotate_home / "keys.toml").exists()
+    assert not (fresh_home / ".pinrotate" / "keys.toml").exists()
 
     # Cancelling is an outcome: the worker logs one line for it, no traceback and no error.
     assert "pinrotate run ended Cancelled: stopped between batches" in worker_log
