@@ -262,8 +262,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # that a Ctrl-C reaches the run, not its server; it is stopped after the run has reported. It is
     # spawned first, so that its start-up (seconds) overlaps the checks below.
     with temporary_server() as server:
-        check_prefect_api()  # before anything reads or creates: refused credentials touch nothing
+        # Refused credentials answer first (exit 2, nothing read); an unreachable server answers
+        # after the configuration and targets are checked, so that a bad file or a missing table is
+        # named as such (exit 2) even while the server is down.
+        try:
+            check_prefect_api()
+            unreachable = None
+        except PrefectApiUnreachable as e:
+            unreachable = e
         preflight(settings, ns)
+        if unreachable is not None:
+            raise unreachable
         from flows import flow  # noqa: F401 - imported while the server starts, not after
 
         if server is not None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pinrotate_core.errors import ConfigError, PinrotateError
@@ -113,11 +114,23 @@ def _spawn_server(port: int) -> subprocess.Popen[Any]:
 
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
-    return subprocess.Popen(
-        [sys.executable, "-c", _LAUNCH, "--app-dir", str(prefect.__module_path__.parent), "--factory",
-         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "error", "--lifespan", "on"],
-        env=env, start_new_session=True)
+    # Its output goes to a log file, never to the run's terminal: a server stopped while it starts
+    # (the run refused to start) logs tracebacks that are not the user's to read.
+    log_path = server_log_path()
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "error", "--lifespan", "on"],
+            env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+
+def server_log_path() -> Path:
+    """Where the temporary Prefect server of an ad hoc run writes its output."""
+    from pinrotate_core.config import pinrotate_home
+
+    return pinrotate_home() / "prefect-server.log"
 
 
 def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
@@ -149,7 +162,7 @@ def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
                 code = early.poll()
                 if code is not None and code != 3:
                     raise TemporaryServerFailed(f"the temporary Prefect server of this run exited with code {code} "
-                                                "before it answered; its error is above")
+                                                f"before it answered; its output is in {server_log_path()}")
                 try:
                     if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200 or code == 3:
                         break

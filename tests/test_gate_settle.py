@@ -137,6 +137,9 @@ def test_a_transaction_open_before_the_read_that_inserts_under_the_old_key_is_wa
     assert "never to be shown" not in json.dumps(report.as_dict())
 
 
+# server_wide: its last look must see no transaction writing anywhere on the server (an xid committed
+# around the snapshot cannot be placed in a database, so any other test's write would ask a second look).
+@pytest.mark.server_wide
 def test_an_idle_in_transaction_session_that_never_ends_closes_the_gate_after_the_wait_naming_it(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     rotated_people(pg_conn, database_url, keys_file)
