@@ -304,7 +304,7 @@ def _drain_shard(spec: RunSpec, target: str, shard: str, id_range: tuple[Any, An
                 # The first attempt starts from the planned backlog; a retry counts what is left.
                 planned = rows if not attempts and (exact or not spec.dry_run) else None
                 result = rotation.drain(ctx, target, workers=1, id_range=id_range or (None, None),
-                                        planned_backlog=planned)
+                                        planned_backlog=planned, shard=shard)
         except KeyIdentityMismatch as e:
             # This host's keyring holds other material under a key id (checked in run_context(), before any write).
             result = stopped_result(target, spec, e, STOP_KEY_MISMATCH, rows)

@@ -251,10 +251,11 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
 
 def drain(ctx: RunContext, name: str, *, workers: int | None = None,
           on_batch: Callable[[BatchEvent], None] | None = None,
-          id_range: tuple[Any, Any] = (None, None), planned_backlog: int | None = None) -> DrainResult:
+          id_range: tuple[Any, Any] = (None, None), planned_backlog: int | None = None,
+          shard: str = "") -> DrainResult:
     """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end;
     ``planned_backlog``: its backlog as ``plan_shards`` counted it, so the drain need not count again)."""
-    options = replace(_drain_options(ctx, workers, on_batch, id_range), planned_backlog=planned_backlog)
+    options = replace(_drain_options(ctx, workers, on_batch, id_range), planned_backlog=planned_backlog, shard=shard)
     return drain_target(ctx.engine, ctx.schemes[name], options)
 
 

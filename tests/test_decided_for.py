@@ -35,6 +35,10 @@ def test_a_run_has_one_run_id_and_the_gate_names_its_database_and_keyring(
     assert ("event=batch_processed", 10) in levels and ("event=target_started", 20) in levels, levels
     assert ("event=batch_processed", 20) not in levels
     assert " INFO pinrotate event=batch_processed" in err
+    # A shard's lines name it (its backlog is the shard's, not the target's).
+    for event in ("target_started", "batch_processed", "target_completed"):
+        lines = [line for line in err.splitlines() if f"event={event} " in line]
+        assert lines and all(re.search(r" shard=\S+", line) for line in lines), (event, err[-4000:])
 
     (json_code, gate, gate_err), (text_code, text, _) = cli_all(
         [["gate", "--retire", "1", "--config", str(profile.config_path), "--json"],

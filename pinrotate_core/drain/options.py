@@ -33,6 +33,7 @@ class DrainOptions:
     # The backlog of id_range as counted when the shard was planned (split_backlog): the drain's
     # backlog_before, not counted again. None or 0: the drain counts it.
     planned_backlog: int | None = None
+    shard: str = ""  # the shard's name in log lines ("" when the drain is the whole target)
     lock_timeout: float = 2.0  # seconds a batch waits for a lock before it rolls back
     statement_timeout: float = 30.0  # seconds one statement of a batch may run
     idle_timeout: float = 60.0  # seconds a batch transaction may sit between statements (then the server ends it)

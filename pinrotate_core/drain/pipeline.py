@@ -249,7 +249,8 @@ class BatchPipeline:
         event = BatchEvent(name, worker, batch_no, rows, outcome.reencrypted, len(plan.failed),
                            ((outcome.committed or time.perf_counter()) - started) * 1000, opts.dry_run,
                            conflicts=outcome.conflicts)
-        log_event("batch_processed", run_id=opts.run_id or None, target=name, worker=worker, batch=batch_no,
+        log_event("batch_processed", run_id=opts.run_id or None, target=name, shard=opts.shard or None,
+                  worker=worker, batch=batch_no,
                   rows=rows, reencrypted=event.reencrypted, failed=event.failed, conflicts=event.conflicts or None,
                   held_by_others=(len(outcome.held) + outcome.skipped_locked) or None,
                   changed_by_others=outcome.changed or None,

@@ -70,8 +70,9 @@ class Drain:
             result.stopped, result.retryable = STOP_DB_ERROR, True
             result.error = str(e) if isinstance(e, DatabaseError) else f"target {name}: {describe_db_error(e)}"
             return result
-        log_event("target_started", run_id=opts.run_id or None, target=name, current_key=self.scheme.current_key,
-                  backlog=result.backlog_before, workers=len(bounds) + 1, dry_run=opts.dry_run or None)
+        # A shard's lines name it: its backlog is the shard's, not the target's.
+        log_event("target_started", run_id=opts.run_id or None, target=name, shard=opts.shard or None,
+                  current_key=self.scheme.current_key, backlog=result.backlog_before, workers=len(bounds) + 1, dry_run=opts.dry_run or None)
 
         reason: str | None = None
         remaining: int | None = None  # the backlog as counted after the last batch, if it was
@@ -95,7 +96,8 @@ class Drain:
         else:
             self._finish(result, remaining)
         result.duration_ms = (time.perf_counter() - started) * 1000
-        log_event("target_completed", run_id=opts.run_id or None, target=name, reencrypted=result.reencrypted,
+        log_event("target_completed", run_id=opts.run_id or None, target=name, shard=opts.shard or None,
+                  reencrypted=result.reencrypted,
                   failed=len(result.failed), conflicts=result.conflicts or None, unknown=result.unknown or None,
                   unknown_key=result.unknown_key or None, legacy_left=result.legacy_left or None,
                   batches=result.batches, backlog_remaining=result.backlog_remaining, stopped=result.stopped,
