@@ -39,6 +39,10 @@ def test_a_process_that_froze_its_own_heap_keeps_it_frozen() -> None:
         before = gc.get_freeze_count()
         with long_lived_heap_frozen():
             pass
-        assert gc.get_freeze_count() == before
+        after = gc.get_freeze_count()
+        # Still the process's own frozen heap: an unfreeze would leave 0, a second freeze would add
+        # every object made since. (Frozen objects that another thread of the test process frees
+        # meanwhile, e.g. pytest-xdist's, leave the count a few objects short: never more.)
+        assert before - 100 <= after <= before, (before, after)
     finally:
         gc.unfreeze()

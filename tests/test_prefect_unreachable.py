@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.pinprofile import cli_all
+from tests.pinprofile import cli_all, seed_profile
 
 
 def stopped_server_url() -> str:
@@ -19,13 +19,14 @@ def stopped_server_url() -> str:
     return f"http://127.0.0.1:{port}/api"
 
 
-def test_run_against_a_stopped_prefect_server_is_one_line_naming_the_url_and_exit_4(tmp_path: Path) -> None:
-    config = tmp_path / "pinrotate.toml"
-    config.write_text('[database]\nurl = "postgresql://nobody@127.0.0.1:1/none"\n'
-                      f'[keys]\nprovider = "file"\nfile = "{tmp_path / "keys.toml"}"\n'
-                      '[[targets]]\nname = "Person"\ntable = "profile.persons"\nid = "id"\n'
-                      'key_version = "key_version"\ncolumns = ["first_name_cipher"]\nformat = "aesgcm"\n',
-                      encoding="utf-8")
+def test_run_against_a_stopped_prefect_server_is_one_line_naming_the_url_and_exit_4(
+        primary_database_url: str, tmp_path: Path) -> None:
+    # A start that would otherwise go ahead (database, keyring and targets fine): the only thing
+    # wrong is the server behind PREFECT_API_URL. (A bad configuration or target answers first, exit 2:
+    # test_cli's missing table.)
+    profile = seed_profile(primary_database_url, tmp_path, rows=5)
+    config = profile.config_path
+    keyring_before = profile.keys_file.read_bytes()
     url = stopped_server_url()
     (code, doc, err), (text_code, text, text_err) = cli_all(
         [["run", "--config", str(config), "--json"], ["run", "--config", str(config)]],
@@ -37,4 +38,5 @@ def test_run_against_a_stopped_prefect_server_is_one_line_naming_the_url_and_exi
     lines = [line for line in text_err.splitlines() if line.strip()]
     assert lines == [f"pinrotate: error: {doc['error']}"], text_err
     assert "Traceback" not in err + text_err
-    assert not (tmp_path / "keys.toml").exists()  # nothing was created: the check comes before everything
+    # Nothing was run: every row still on key 1, the keyring as it was.
+    assert profile.key_versions("persons") == {1: 5} and profile.keys_file.read_bytes() == keyring_before
