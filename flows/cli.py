@@ -37,6 +37,7 @@ from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, Pi
 from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
 from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
+from pinrotate_core.mysql_commands import closed_gate, on_mysql, refuse_unwired
 from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
@@ -245,6 +246,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
+    if on_mysql(settings):  # before any Prefect server starts: reached (exit 4 when not), then refused
+        refuse_unwired(settings, "run --dry-run" if ns.dry_run else "run")
     from flows.prefect_api import check_prefect_api, temporary_server
 
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
@@ -337,6 +340,8 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     from pinrotate_core.samples import seed_database
 
     settings = _settings(ns)
+    if on_mysql(settings):
+        refuse_unwired(settings, f"seed --preset {ns.preset}")
     if ns.preset == "forge":
         return _seed_forge(ns, settings)
     # Seeding writes under the current key, so a file keyring that does not exist yet is created
@@ -371,6 +376,8 @@ def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
+    if on_mysql(settings):
+        refuse_unwired(settings, "inventory")
     inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
     d = inv.as_dict()
     if ns.discover:
@@ -385,8 +392,9 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
     with deep_pass_display(ns):
-        report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
-                             erase_excluded=ns.erase_excluded)
+        gate = closed_gate if on_mysql(settings) else retire_gate  # MySQL: closed, naming what it did not check
+        report = gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                      erase_excluded=ns.erase_excluded)
     d = report.as_dict()
     # What the verdict was decided for: two configurations sharing one key file must not be confused.
     d["database"] = database_named(report.database)
@@ -422,7 +430,13 @@ def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
 
 
 def cmd_grants(ns: argparse.Namespace) -> int:
-    statements = grant_statements(_settings(ns), ns.role, read_only=ns.read_only)
+    settings = _settings(ns)
+    if on_mysql(settings):
+        from pinrotate_core.mysql_grants import mysql_grant_statements
+
+        statements = mysql_grant_statements(settings, ns.role, read_only=ns.read_only)
+    else:
+        statements = grant_statements(settings, ns.role, read_only=ns.read_only)
     emit(ns, {"role": ns.role, "read_only": ns.read_only, "statements": statements}, "\n".join(statements))
     return rotation.EXIT_OK
 
