@@ -377,8 +377,13 @@ def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
 def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
     if on_mysql(settings):
-        refuse_unwired(settings, "inventory")
-    inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
+        if ns.discover:
+            refuse_unwired(settings, "inventory --discover")
+        from pinrotate_core.mysql_inventory import mysql_inventory
+
+        inv = mysql_inventory(settings, deep=ns.deep, tenant=ns.tenant)
+    else:
+        inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
     d = inv.as_dict()
     if ns.discover:
         sweep = discover(settings).as_dict()

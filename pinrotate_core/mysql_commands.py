@@ -6,7 +6,7 @@ MariaDB 10.6 / MySQL 8.0 is exit 2), and ``grants`` prints MySQL's GRANT stateme
 
 What is not wired yet is refused or closed, never guessed:
 
-- ``inventory``, ``run`` (also ``--dry-run``) and ``seed`` refuse to start (exit 2, one line): they
+- ``run`` (also ``--dry-run``), ``seed`` and ``inventory --discover`` refuse to start (exit 2, one line): they
   read and write through the PostgreSQL code paths, which must not be pointed at another server.
 - ``gate --retire KEY`` answers **closed** (exit 3) and names, as UNSWEPT, every check it did not
   make on this server: a wrong "open" would let a key be destroyed while values still need it.

@@ -16,6 +16,7 @@ from .engines.mysql import connect as mysql_connect
 from .engines.mysql.catalog import CATALOG
 from .engines.mysql.grants import account, auditor_grants, rotation_grants
 from .errors import ConfigError
+from .forge_discovery import with_forge_targets
 from .targets import read_columns
 
 
@@ -26,12 +27,10 @@ def _as_printed(statement: str) -> str:
 
 
 def mysql_grant_statements(settings: Settings, role: str, *, read_only: bool = False) -> list[str]:
-    if settings.forge.discover_targets:
-        raise ConfigError("grants: [forge] discover_targets on MySQL / MariaDB is not available in this version"
-                          " yet (issue 32); list Forge's targets in [[targets]] instead")
     grantee = account(role)
     engine = make_engine(database_url(settings), pool_size=1)
     try:
+        settings = with_forge_targets(settings, engine)  # Forge's own tables too, as every command sees them
         with mysql_connect.raw_connection(engine) as conn:
             flavour = mysql_connect.server_info(conn).flavour
             if read_only:
