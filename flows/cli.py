@@ -37,7 +37,8 @@ from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, Pi
 from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
 from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
-from pinrotate_core.mysql_commands import closed_gate, on_mysql, refuse_unwired
+from pinrotate_core.mysql_commands import on_mysql, refuse_unwired
+from pinrotate_core.mysql_gate import mysql_retire_gate
 from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
@@ -397,7 +398,7 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
     with deep_pass_display(ns):
-        gate = closed_gate if on_mysql(settings) else retire_gate  # MySQL: closed, naming what it did not check
+        gate = mysql_retire_gate if on_mysql(settings) else retire_gate
         report = gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
                       erase_excluded=ns.erase_excluded)
     d = report.as_dict()
