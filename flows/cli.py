@@ -247,8 +247,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
-    if on_mysql(settings):  # before any Prefect server starts: reached (exit 4 when not), then refused
-        refuse_unwired(settings, "run --dry-run" if ns.dry_run else "run")
+    if on_mysql(settings):  # MySQL / MariaDB: the core's run, without the flow (pinrotate_core/mysql_run.py)
+        from pinrotate_core.mysql_run import mysql_run
+
+        report = mysql_run(settings, target_names=ns.target, dry_run=ns.dry_run,
+                           expected_key=ns.expected_key_version, tenant=ns.tenant)
+        d = report.as_dict()
+        emit(ns, d, run_report(d))
+        return report.exit_code
     from flows.prefect_api import check_prefect_api, temporary_server
 
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
