@@ -108,7 +108,8 @@ def test_forge_run_on_mariadb_moves_legacy_and_historical_values_to_the_active_k
         counts = forge.counts(target)
         assert (inv["targets"][target]["LEGACY"], inv["targets"][target]["HISTORICAL"]) == (0, 0)
         assert inv["targets"][target]["ACTIVE"] == counts["ACTIVE"] + forge.moved(target)
-    code, again, err = rotate("run", *config(forge), "--json", prefect_api=prefect_api)
+    code, again, err = rotate("run", "--expected-key-version", forge.active, *config(forge), "--json",
+                              prefect_api=prefect_api)
     assert code == 0, err
     assert {t: again["targets"][t]["reencrypted"] for t in TARGETS} == dict.fromkeys(TARGETS, 0)
     assert forge.snapshot() == after
