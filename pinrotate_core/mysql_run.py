@@ -105,12 +105,24 @@ def _resolve_all(conn: MySqlConnection, settings: Settings, targets: Sequence[Ta
     return schemes
 
 
+def stale_where(scheme: Scheme, tenant: str | None) -> str:
+    """The rows a run may write: in scope and, where the row names its key (``aesgcm``), on an
+    older one (``<``: never a row on a newer key, never a NULL version), as the scheme's
+    ``stale_condition`` says on PostgreSQL. ``fpc1`` values are decided one by one by the plan."""
+    t = scheme.target.settings
+    kv = scheme.target.key_version
+    scope = scope_condition(t, tenant, ops, ALIAS)
+    if t.format == "fpc1" or kv is None:
+        return scope
+    return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
+
+
 def _select(scheme: Scheme, tenant: str | None, lo: Any, size: int) -> tuple[str, tuple[Any, ...]]:
     t = scheme.target.settings
     idcol = ops.column(t.id, ALIAS)
     conds, params = ops.keyset(idcol, lo, None)
     statement = ops.next_batch([idcol, *read_list(scheme)], ops.relation(t.schema_name, t.table_name, ALIAS),
-                               [scope_condition(t, tenant, ops, ALIAS), *conds], idcol)
+                               [stale_where(scheme, tenant), *conds], idcol)
     return statement, (*params, size)
 
 
@@ -154,7 +166,7 @@ def drain_target(conn: MySqlConnection, settings: Settings, scheme: Scheme, keyr
     ciphers = [c.name for c in scheme.target.columns]
     table = read_table(conn, t, writing=not dry_run)
     guard = MySqlCasGuard(table, t.id, [*ciphers, *([kv.name] if kv else [])],
-                          stale_where=scope_condition(t, tenant, ops, ALIAS))
+                          stale_where=stale_where(scheme, tenant))
     if isinstance(scheme, HoldsFailingKeys):
         _precheck(conn, scheme, scheme, tenant, size, result)
     known_failed = {f.id for f in result.failed}
@@ -190,7 +202,9 @@ def drain_target(conn: MySqlConnection, settings: Settings, scheme: Scheme, keyr
                     raise _Mismatch(len(outcome.mismatched))
             result.batches += 1
             result.reencrypted += sum(weight[i] for i in outcome.written)
-            result.conflicts += len(outcome.changed)
+            if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
+                result.conflicts += len(outcome.changed)
+            # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
             if settings.job.inter_batch_delay:
                 time.sleep(settings.job.inter_batch_delay)
             if time.monotonic() - started > settings.job.max_run_duration:
