@@ -347,7 +347,7 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     from pinrotate_core.samples import seed_database
 
     settings = _settings(ns)
-    if on_mysql(settings):
+    if on_mysql(settings) and ns.preset != "forge":
         refuse_unwired(settings, f"seed --preset {ns.preset}")
     if ns.preset == "forge":
         return _seed_forge(ns, settings)
@@ -369,7 +369,12 @@ def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
 
     if settings.keys.provider != "forge":
         raise ConfigError("seed --preset forge: needs [keys] provider = \"forge\" (see examples/forge.toml)")
-    summary = seed_forge_sample(settings, settings.keys.file_path, rows=ns.rows)
+    if on_mysql(settings):  # examples/forge-mysql.sql and the same rows
+        from pinrotate_core.mysql_seed import seed_forge_mysql
+
+        summary = seed_forge_mysql(settings, settings.keys.file_path, rows=ns.rows)
+    else:
+        summary = seed_forge_sample(settings, settings.keys.file_path, rows=ns.rows)
     doc = {"sample": "forge", "bootstrap_file": summary.bootstrap_file, "rows": summary.total_rows,
            "tables": summary.counts, "active_key": "k2"}
     human = (f"seeded {summary.total_rows} rows of Forge's tables ({', '.join(f'{t}: {n}' for t, n in summary.counts.items())})"

@@ -5,8 +5,8 @@ unreachable server is exit 4 with one line naming database, address and user; a 
 MariaDB 10.6 / MySQL 8.0 is exit 2); ``inventory`` (``mysql_inventory``), ``gate --retire``
 (``mysql_gate``), ``run`` (``mysql_run``) and ``grants`` (``mysql_grants``).
 
-What is not wired yet refuses to start (exit 2, one line, nothing read or written): ``seed`` and
-``inventory --discover``: they would read and write through the PostgreSQL code paths, which must
+What is not wired yet refuses to start (exit 2, one line, nothing read or written): ``seed`` of the
+Pin profile and ``inventory --discover``: they would read and write through the PostgreSQL code paths, which must
 not be pointed at another server.
 
 The engine room (``engines/mysql``) holds the SQL; this module holds only these decisions.
