@@ -115,6 +115,7 @@ def test_forge_run_on_mariadb_moves_legacy_and_historical_values_to_the_active_k
     assert forge.snapshot() == after
 
 
+@pytest.mark.server_wide  # its gates sweep the whole server (tests/conftest.py, Parallel runs)
 def test_forge_retire_gates_on_mariadb_are_closed_before_the_run_and_open_once_nothing_is_on_the_key(
         forge: ForgeInstall, prefect_api: str) -> None:
     live_legacy = sum(v.category == "LEGACY" for v in forge.values)

@@ -19,7 +19,9 @@ from .codecs import forge_fpc1
 from .pin_data import PERSON_CIPHERS, SEEDED_AT, install_pin, person_plaintexts
 from .support import application, connect, file_keyring, one_line_error, rotate, write_toml
 
-pytestmark = pytest.mark.mysql
+# Every test here asks a gate, which sweeps every database of the server and waits for every
+# transaction in flight on it: it holds the server alone (tests/conftest.py, Parallel runs).
+pytestmark = [pytest.mark.mysql, pytest.mark.server_wide]
 
 INSERT_PERSON = ("INSERT INTO persons (id, first_name_cipher, last_name_cipher, middle_name_cipher, birth_date_cipher,"
                  " key_version) VALUES (%s, %s, %s, %s, %s, %s)")
