@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows import traces
+from flows import cli_mysql, traces
 from flows.prefect_api import PrefectApiUnreachable
 from flows.reports import (
     database_named,
@@ -37,9 +37,9 @@ from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, Pi
 from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
 from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
+from pinrotate_core.log import configure_stderr_logging
 from pinrotate_core.mysql_commands import on_mysql, refuse_unwired
 from pinrotate_core.mysql_gate import mysql_retire_gate
-from pinrotate_core.log import configure_stderr_logging
 
 COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
 
@@ -247,14 +247,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
-    if on_mysql(settings):  # MySQL / MariaDB: the core's run, without the flow (pinrotate_core/mysql_run.py)
-        from pinrotate_core.mysql_run import mysql_run
-
-        report = mysql_run(settings, target_names=ns.target, dry_run=ns.dry_run,
-                           expected_key=ns.expected_key_version, tenant=ns.tenant)
-        d = report.as_dict()
-        emit(ns, d, run_report(d))
-        return report.exit_code
+    if on_mysql(settings):  # MySQL / MariaDB: the core's run, without the flow
+        return cli_mysql.run(ns, settings)
     from flows.prefect_api import check_prefect_api, temporary_server
 
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
@@ -365,16 +359,13 @@ def cmd_seed(ns: argparse.Namespace) -> int:
 
 
 def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
+    from pinrotate_core.mysql_seed import seed_forge_mysql
     from pinrotate_core.samples import seed_forge_sample
 
     if settings.keys.provider != "forge":
         raise ConfigError("seed --preset forge: needs [keys] provider = \"forge\" (see examples/forge.toml)")
-    if on_mysql(settings):  # examples/forge-mysql.sql and the same rows
-        from pinrotate_core.mysql_seed import seed_forge_mysql
-
-        summary = seed_forge_mysql(settings, settings.keys.file_path, rows=ns.rows)
-    else:
-        summary = seed_forge_sample(settings, settings.keys.file_path, rows=ns.rows)
+    seed = seed_forge_mysql if on_mysql(settings) else seed_forge_sample  # MySQL: examples/forge-mysql.sql
+    summary = seed(settings, settings.keys.file_path, rows=ns.rows)
     doc = {"sample": "forge", "bootstrap_file": summary.bootstrap_file, "rows": summary.total_rows,
            "tables": summary.counts, "active_key": "k2"}
     human = (f"seeded {summary.total_rows} rows of Forge's tables ({', '.join(f'{t}: {n}' for t, n in summary.counts.items())})"
@@ -388,14 +379,8 @@ def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
-    if on_mysql(settings):
-        if ns.discover:
-            refuse_unwired(settings, "inventory --discover")
-        from pinrotate_core.mysql_inventory import mysql_inventory
-
-        inv = mysql_inventory(settings, deep=ns.deep, tenant=ns.tenant)
-    else:
-        inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
+    inv = (cli_mysql.inventory(ns, settings) if on_mysql(settings)
+           else rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant))
     d = inv.as_dict()
     if ns.discover:
         sweep = discover(settings).as_dict()
@@ -448,12 +433,8 @@ def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
 
 def cmd_grants(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
-    if on_mysql(settings):
-        from pinrotate_core.mysql_grants import mysql_grant_statements
-
-        statements = mysql_grant_statements(settings, ns.role, read_only=ns.read_only)
-    else:
-        statements = grant_statements(settings, ns.role, read_only=ns.read_only)
+    statements = (cli_mysql.grants(ns, settings) if on_mysql(settings)
+                  else grant_statements(settings, ns.role, read_only=ns.read_only))
     emit(ns, {"role": ns.role, "read_only": ns.read_only, "statements": statements}, "\n".join(statements))
     return rotation.EXIT_OK
 
