@@ -436,6 +436,10 @@ def main() -> int:
                     help="also: after the untraced rounds, the same drain with tracing on (contract §7), "
                          "exporting over OTLP/HTTP to a collector in this process")
     args = ap.parse_args()
+    if args.database_url and args.database_url.split(":", 1)[0].split("+", 1)[0] in ("mysql", "mariadb"):
+        from drain_mysql import main_mysql  # MySQL / MariaDB: benchmarks/drain_mysql.py
+
+        return int(main_mysql(args))
 
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-bench-"))
     cleanups: list[Callable[[], None]] = []

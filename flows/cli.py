@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from flows import traces
+from flows import cli_mysql, traces
 from flows.prefect_api import PrefectApiUnreachable
 from flows.reports import (
     database_named,
@@ -38,6 +38,8 @@ from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
 from pinrotate_core.gate.discover import discover
 from pinrotate_core.grants import grant_statements
 from pinrotate_core.log import configure_stderr_logging
+from pinrotate_core.mysql_commands import on_mysql, refuse_unwired
+from pinrotate_core.mysql_gate import mysql_retire_gate
 
 COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
 
@@ -256,6 +258,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
+    if on_mysql(settings):  # MySQL / MariaDB: the core's run, without the flow
+        return cli_mysql.run(ns, settings)
     from flows.prefect_api import check_prefect_api, temporary_server
 
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
@@ -357,6 +361,8 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     from pinrotate_core.samples import seed_database
 
     settings = _settings(ns)
+    if on_mysql(settings) and ns.preset != "forge":
+        refuse_unwired(settings, f"seed --preset {ns.preset}")
     if ns.preset == "forge":
         return _seed_forge(ns, settings)
     # Seeding writes under the current key, so a file keyring that does not exist yet is created
@@ -373,11 +379,13 @@ def cmd_seed(ns: argparse.Namespace) -> int:
 
 
 def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
+    from pinrotate_core.mysql_seed import seed_forge_mysql
     from pinrotate_core.samples import seed_forge_sample
 
     if settings.keys.provider != "forge":
         raise ConfigError("seed --preset forge: needs [keys] provider = \"forge\" (see examples/forge.toml)")
-    summary = seed_forge_sample(settings, settings.keys.file_path, rows=ns.rows)
+    seed = seed_forge_mysql if on_mysql(settings) else seed_forge_sample  # MySQL: examples/forge-mysql.sql
+    summary = seed(settings, settings.keys.file_path, rows=ns.rows)
     doc = {"sample": "forge", "bootstrap_file": summary.bootstrap_file, "rows": summary.total_rows,
            "tables": summary.counts, "active_key": "k2"}
     human = (f"seeded {summary.total_rows} rows of Forge's tables ({', '.join(f'{t}: {n}' for t, n in summary.counts.items())})"
@@ -391,7 +399,8 @@ def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
-    inv = rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant)
+    inv = (cli_mysql.inventory(ns, settings) if on_mysql(settings)
+           else rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant))
     d = inv.as_dict()
     if ns.discover:
         sweep = discover(settings).as_dict()
@@ -405,8 +414,9 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
     with deep_pass_display(ns):
-        report = retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
-                             erase_excluded=ns.erase_excluded)
+        gate = mysql_retire_gate if on_mysql(settings) else retire_gate
+        report = gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                      erase_excluded=ns.erase_excluded)
     d = report.as_dict()
     # What the verdict was decided for: two configurations sharing one key file must not be confused.
     d["database"] = database_named(report.database)
@@ -442,7 +452,9 @@ def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
 
 
 def cmd_grants(ns: argparse.Namespace) -> int:
-    statements = grant_statements(_settings(ns), ns.role, read_only=ns.read_only)
+    settings = _settings(ns)
+    statements = (cli_mysql.grants(ns, settings) if on_mysql(settings)
+                  else grant_statements(settings, ns.role, read_only=ns.read_only))
     emit(ns, {"role": ns.role, "read_only": ns.read_only, "statements": statements}, "\n".join(statements))
     return rotation.EXIT_OK
 

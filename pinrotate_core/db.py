@@ -19,6 +19,7 @@ import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (at import, not in 
 from sqlalchemy.engine import make_url
 
 from .config import Settings, pinrotate_home
+from .engines import engine_of_url
 from .errors import ConfigError, DatabaseError, DatabaseUnavailable
 
 
@@ -46,13 +47,20 @@ def database_url(settings: Settings) -> str:
 
 
 def sqlalchemy_url(url: str) -> sa.URL:
+    """A PostgreSQL URL as SQLAlchemy's psycopg URL (``make_engine`` sends MySQL URLs to their room)."""
     try:
         parsed = make_url(url)
     except sa.exc.ArgumentError:
         raise ConfigError("database.url: not a valid database URL") from None
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
-        raise ConfigError("database.url: only PostgreSQL is supported")
+        engine_of_url(url)  # names the schemes pinrotate knows (ConfigError) for anything else
+        raise ConfigError("database.url: not a PostgreSQL URL (postgresql://)")
     return parsed.set(drivername="postgresql+psycopg")
+
+
+def is_postgresql(url: str) -> bool:
+    """Which room a URL belongs to; ConfigError (one line, no URL) for a scheme pinrotate does not know."""
+    return engine_of_url(url) == "postgresql"
 
 
 def redacted(url: str) -> str:
@@ -63,6 +71,18 @@ def redacted(url: str) -> str:
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
+    """A pooled engine for ``url``: PostgreSQL here, MySQL / MariaDB from their room (whose server
+    flavour and version are checked once, at the first connection: ``check_server``)."""
+    if not is_postgresql(url):
+        from .engines.mysql import connect as mysql_connect  # the room imports only base, errors, log
+
+        engine = mysql_connect.make_engine(url, pool_size=pool_size)
+        try:
+            mysql_connect.check_server(engine)  # unreachable: DatabaseUnavailable (exit 4); too old: exit 2
+        except BaseException:
+            engine.dispose()
+            raise
+        return engine
     engine = sa.create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,

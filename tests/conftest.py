@@ -461,9 +461,15 @@ def mariadb() -> Iterator[MariaDbServer]:
 
 
 @pytest.fixture
-def mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
-    """The name of a fresh, empty database on the test MariaDB (``mariadb.url(name)`` is its URL)."""
-    with mariadb.fresh_database() as name:
+def mysql_database(mariadb: MariaDbServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The name of a fresh, empty database on the test MariaDB (``mariadb.url(name)`` is its URL).
+
+    Holds a share of the server (``shared_server_lock``): a ``server_wide`` test (a MySQL gate
+    sweeps every database of the server and waits for every transaction in flight on it) holds it
+    alone, so that no other test's database is created, written or dropped while it reads."""
+    exclusive = request.node.get_closest_marker("server_wide") is not None
+    with shared_server_lock(f"mysql://{mariadb.host}:{mariadb.port}", exclusive=exclusive), \
+            mariadb.fresh_database() as name:
         yield name
 
 

@@ -80,9 +80,38 @@ def existing_tables(conn: psycopg.Connection[Any]) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+DC_INSERT: Final = ("INSERT INTO ai_report_data_connection (id, tenant_id, connection_code, connection_name, jdbc_url,"
+                    " username, password_cipher) VALUES (%s, %s, %s, %s, %s, %s, %s)")
+CONFIG_INSERT: Final = ("INSERT INTO ai_crud_config (id, tenant_id, config_key, table_name, encrypt_config) VALUES "
+                        "(1, 1, 'crm_customer', 'crm_customer', %s)")
+CUSTOMER_INSERT: Final = "INSERT INTO crm_customer (id, tenant_id, name, phone, id_card) VALUES (%s, %s, %s, %s, %s)"
+
+
+@dataclass
+class ForgeSampleRows:
+    """The sample's rows, for any engine (the statements above bind them with ``%s``)."""
+
+    connections: list[tuple[Any, ...]]
+    encrypt_config: str
+    customers: list[tuple[Any, ...]]
+
+    def counts(self) -> dict[str, int]:
+        return {"ai_report_data_connection": len(self.connections), "ai_crud_config": 1,
+                "crm_customer": len(self.customers)}
+
+
 def seed_forge(conn: psycopg.Connection[Any], keys: ForgeSampleKeys, rows: int) -> dict[str, int]:
     """Forge's tables and ``rows`` customers (and a tenth as many data connections, at least 6)."""
     conn.execute(EXAMPLES_SQL.read_text(encoding="utf-8"))
+    sample = sample_rows(keys, rows)
+    conn.cursor().executemany(DC_INSERT, sample.connections)
+    conn.execute(CONFIG_INSERT, (sample.encrypt_config,))
+    conn.cursor().executemany(CUSTOMER_INSERT, sample.customers)
+    return sample.counts()
+
+
+def sample_rows(keys: ForgeSampleKeys, rows: int) -> ForgeSampleRows:
+    """``rows`` customers (and a tenth as many data connections, at least 6), values as Forge writes them."""
 
     def legacy(algorithm: Algorithm, text: str) -> str:
         return encode_payload(EcbPkcs7(algorithm, keys.legacy).encrypt(text.encode()))
@@ -92,20 +121,14 @@ def seed_forge(conn: psycopg.Connection[Any], keys: ForgeSampleKeys, rows: int) 
         return format_fpc1(algorithm, key_id, EcbPkcs7(algorithm, material).encrypt(text.encode()))
 
     connections = max(6, rows // 10)
-    dc = []
+    dc: list[tuple[Any, ...]] = []
     for i in range(1, connections + 1):
         password = f"sample-db-password-{i}"
         kind = i % 3
         value = (legacy("SM4", password) if kind == 0 else
                  fpc1("SM4" if i % 2 else "AES", HISTORICAL, password) if kind == 1 else fpc1("SM4", ACTIVE, password))
         dc.append((i, 1 + i % 2, f"conn_{i}", f"Sample connection {i}", f"jdbc:mysql://db{i}/app", "app", value))
-    conn.cursor().executemany(
-        "INSERT INTO ai_report_data_connection (id, tenant_id, connection_code, connection_name, jdbc_url, username,"
-        " password_cipher) VALUES (%s, %s, %s, %s, %s, %s, %s)", dc)
-    conn.execute("INSERT INTO ai_crud_config (id, tenant_id, config_key, table_name, encrypt_config) VALUES "
-                 "(1, 1, 'crm_customer', 'crm_customer', %s)",
-                 (json.dumps({"phone": {"algorithm": "SM4"}, "idCard": {"algorithm": "AES"}}),))
-    customers: list[tuple[int, int, str, str, str | None]] = []
+    customers: list[tuple[Any, ...]] = []
     for i in range(1, rows + 1):
         phone, id_card = f"138{i:08d}", f"11010119900101{i % 10000:04d}"
         if i % 2:
@@ -113,6 +136,4 @@ def seed_forge(conn: psycopg.Connection[Any], keys: ForgeSampleKeys, rows: int) 
         else:
             customers.append((i, 1 + i % 2, f"Customer {i}", fpc1("SM4", HISTORICAL, phone),
                               fpc1("AES", HISTORICAL, id_card) if i % 4 else None))
-    conn.cursor().executemany(
-        "INSERT INTO crm_customer (id, tenant_id, name, phone, id_card) VALUES (%s, %s, %s, %s, %s)", customers)
-    return {"ai_report_data_connection": connections, "ai_crud_config": 1, "crm_customer": rows}
+    return ForgeSampleRows(dc, json.dumps({"phone": {"algorithm": "SM4"}, "idCard": {"algorithm": "AES"}}), customers)

@@ -39,6 +39,9 @@ class Operations(Protocol):
     def null_safe_equal(self, left: str, right: str) -> str:
         """Equal, NULL equal to NULL (``IS NOT DISTINCT FROM`` / ``<=>``)."""
 
+    def exact_text_equal(self, left: str, right: str) -> str:
+        """Two texts equal byte for byte (MySQL's collations fold case and trailing blanks)."""
+
     def keyset(self, id_expr: str, lo: Any, hi: Any) -> tuple[list[str], list[Any]]:
         """Conditions and parameters for ids in ``(lo, hi]``; None: an open end."""
 

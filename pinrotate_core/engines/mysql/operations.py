@@ -38,6 +38,9 @@ class MySqlOperations(StandardClauses):
     def null_safe_equal(self, left: str, right: str) -> str:
         return f"{left} <=> {right}"
 
+    def exact_text_equal(self, left: str, right: str) -> str:
+        return f"CAST({left} AS BINARY) = CAST({right} AS BINARY)"
+
     def lock_clause(self, *, skip_locked: bool, of: str | None = None) -> str:
         # MySQL 8 knows FOR UPDATE OF tbl; MariaDB does not: the clause locks every table read.
         return "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"

@@ -36,6 +36,9 @@ class PostgresOperations(StandardClauses):
     def null_safe_equal(self, left: str, right: str) -> str:
         return f"{left} IS NOT DISTINCT FROM {right}"
 
+    def exact_text_equal(self, left: str, right: str) -> str:
+        return f"({left}) = ({right})"  # text compares byte for byte under a deterministic collation
+
     def lock_clause(self, *, skip_locked: bool, of: str | None = None) -> str:
         # NO KEY UPDATE: a re-encryption changes no key, so foreign keys pointing at the row are not blocked.
         target = f" OF {self.quote(of)}" if of else ""

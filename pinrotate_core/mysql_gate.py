@@ -1,0 +1,157 @@
+"""``gate --retire KEY`` on MySQL / MariaDB (contract §6): one look at one moment of the server.
+
+The look: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``; inside it the deep inventory
+of every configured target with no tenant filter (``mysql_inventory``) and the sweep of every
+database the role can read (``mysql_sweep``); the verdict by ``verdict.evaluate_gate`` with the
+same categories as on PostgreSQL. The transactions in flight are read in the snapshot too (after
+``INNODB_TRX_CACHE_S``, so that one that had written before the snapshot is listed).
+
+An open verdict is settled before it is given: prepared XA transactions close it (PREPARED); the
+transactions in flight at the look are waited for (bounded by ``[gate] wait``) and the look is
+taken again, else IN_FLIGHT; commits not flushed at once (``innodb_flush_log_at_trx_commit``,
+``sync_binlog``) are waited for their flush interval; a server that is a replica not caught up, or
+a primary with replicas attached (which pinrotate cannot reach from a MySQL URL yet), is
+STANDBY_BEHIND. Whatever cannot be checked closes the gate, named. Never a value or a statement text.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .config import Settings
+from .db import database_url, make_engine
+from .engines.base.checks import OpenTransaction
+from .engines.mysql import connect as mysql_connect
+from .engines.mysql.connect import MySqlConnection
+from .engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
+from .forge_discovery import with_forge_targets
+from .gate.discover import apply_discovery
+from .gate.retire import slice_of
+from .gate.settle import apply_settled
+from .gate.settle_result import SettleResult, named
+from .gate.verdict import GateReport, check_retire_key, evaluate_gate
+from .keyring import Keyring
+from .mysql_inventory import inventory_on_mysql, take_mysql_inventory
+from .mysql_sweep import sweep_mysql
+from .providers import build_provider
+from .scope import check_tenant_scope
+
+POLL_S = 0.2
+LOOKS = 5  # a verdict that keeps finding new transactions in flight is closed after this many looks
+
+
+def _look(conn: MySqlConnection, settings: Settings, keyring: Keyring, key: str, *, deep: bool,
+          erase_excluded: bool, provider: object) -> tuple[GateReport, list[OpenTransaction], list[str]]:
+    with GATE_CHECKS.snapshot(conn):
+        time.sleep(INNODB_TRX_CACHE_S)  # INNODB_TRX is a cache: let it catch up with the snapshot's moment
+        in_flight = GATE_CHECKS.in_flight(conn)
+        prepared = GATE_CHECKS.prepared(conn)
+        inv = inventory_on_mysql(conn, settings, keyring, deep=deep, provider=provider)
+        report = evaluate_gate(inv, key, erase_excluded=erase_excluded)
+        apply_discovery(report, sweep_mysql(conn, settings, keyring, key_ids=[key]))
+    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    return report, in_flight, prepared
+
+
+def _still_open(conn: MySqlConnection, waited: list[OpenTransaction], deadline: float) -> list[OpenTransaction]:
+    """Those of ``waited`` still in flight once they ended or ``deadline`` passed."""
+    ids = {t.transaction for t in waited}
+    while True:
+        left = [t for t in GATE_CHECKS.in_flight(conn) if t.transaction in ids]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(POLL_S)
+
+
+def _replicas(conn: MySqlConnection) -> SettleResult | None:
+    """STANDBY_BEHIND when this server replicates and is not caught up, or serves replicas that the
+    gate cannot reach to check (a MySQL URL names no replicas yet): closed, named."""
+    behind = [r for r in GATE_CHECKS.replica_positions(conn) if not r.running or r.lag_s is None or r.lag_s > 0]
+    if behind:
+        names = [f"{r.name} ({r.problem or 'lag ' + str(r.lag_s)})" for r in behind]
+        return SettleResult.closed("STANDBY_BEHIND", len(behind), f"this server is a replica not caught up: "
+                                   f"{named(names)}", {"replicas": names})
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'", ())
+        row = cur.fetchone()
+    attached = int(row[0]) if row else 0
+    if attached:
+        return SettleResult.closed("STANDBY_BEHIND", attached, f"{attached} replica(s) read this server's binary "
+                                   "log; pinrotate cannot check from a MySQL URL that they applied what the gate "
+                                   "read (not available yet)", {"replicas_attached": attached})
+    return None
+
+
+def settle(conn: MySqlConnection, settings: Settings, first: tuple[GateReport, list[OpenTransaction], list[str]],
+           look: Any) -> tuple[GateReport, SettleResult]:
+    """Wait for what was in flight at the look, look again, until an open verdict holds still."""
+    deadline = time.monotonic() + settings.gate.wait
+    report, in_flight, prepared = first
+    facts: dict[str, Any] = {"engine": "mysql"}
+    for _ in range(LOOKS):
+        if not report.open:
+            return report, SettleResult(True, facts=facts)
+        if prepared:
+            return report, SettleResult.closed("PREPARED", len(prepared), f"prepared XA transactions: "
+                                               f"{named(prepared)}", {**facts, "prepared": prepared})
+        if not in_flight:
+            break
+        left = _still_open(conn, in_flight, deadline)
+        if left:
+            names = [t.describe() for t in left]
+            return report, SettleResult.closed("IN_FLIGHT", len(left), "transactions in flight at the gate's read "
+                                               f"still open after [gate] wait: {named(names)}",
+                                               {**facts, "in_flight": names})
+        facts["waited_for"] = facts.get("waited_for", 0) + len(in_flight)
+        report, in_flight, prepared = look()  # what they wrote is now in a new moment: read it again
+    else:
+        return report, SettleResult.closed("IN_FLIGHT", max(len(in_flight), 1), "new transactions kept starting "
+                                           "while the gate waited", facts)
+    if not report.open:
+        return report, SettleResult(True, facts=facts)
+    durability = GATE_CHECKS.durability(conn)
+    facts["durability"] = durability.settings
+    if not durability.durable:
+        wait = float(durability.settings.get("flush_wait_s", 1))
+        facts["flush_waited_s"] = wait
+        time.sleep(wait)  # every commit the gate read reaches the disk within this
+    behind = _replicas(conn)
+    if behind is not None:
+        return report, SettleResult(False, behind.reason, behind.blocking, {**facts, **behind.facts})
+    return report, SettleResult(True, facts=facts)
+
+
+def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True,
+                      erase_excluded: bool = False) -> GateReport:
+    """``gate --retire KEY`` on a MySQL / MariaDB URL (see the module docstring)."""
+    engine = make_engine(database_url(settings), pool_size=1)
+    try:
+        settings = with_forge_targets(settings, engine)
+        check_tenant_scope(settings.targets, tenant)
+        provider = build_provider(settings)
+        keyring = provider.load_keyring()
+        check_retire_key(keyring, key)
+        part = None
+        if tenant is not None:
+            shown = take_mysql_inventory(engine, settings, keyring, tenant=tenant, provider=provider)
+            part = slice_of(evaluate_gate(shown, key), tenant=tenant, targets=None)
+        with mysql_connect.raw_connection(engine) as conn:
+            def look() -> tuple[GateReport, list[OpenTransaction], list[str]]:
+                return _look(conn, settings, keyring, key, deep=deep, erase_excluded=erase_excluded,
+                             provider=provider)
+
+            report, settled = settle(conn, settings, look(), look)
+            if report.open or not settled.ok:
+                apply_settled(report, settled)
+        report.database = mysql_connect.database_identity(engine)
+    finally:
+        engine.dispose()
+    report.slice = part
+    report.keyring_source = keyring.source
+    report.key_identity = {"recorded": False, "table": "pinrotate.key_checks",
+                           "note": "key check values are not recorded on MySQL / MariaDB yet: this keyring's "
+                                   "material was not compared with what runs used"}
+    report.scope = {"all_tenants": True, "targets": [t.name for t in settings.targets], "deep": deep,
+                    "filter": {"tenant": tenant}, "erase_excluded": erase_excluded, "one_snapshot": True}
+    return report

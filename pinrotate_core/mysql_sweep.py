@@ -1,0 +1,135 @@
+"""The gate's sweep outside the configured targets on MySQL / MariaDB (contract §6, OUTSIDE_TARGETS,
+UNREADABLE, UNSWEPT), inside the gate's consistent snapshot.
+
+Every text, JSON or binary column of every base table of every database the server shows the role
+(system schemas aside: ``engines/mysql/gate.py``), minus the configured targets' cipher columns and
+what ``[gate] discover_skip`` vouches for, is read completely:
+
+- FPC1 / ``vault:v<N>:`` key ids by pattern (the room streams the values holding the marker; the
+  same regular expressions as on PostgreSQL count them in Python, every key at once);
+- binary ciphertexts by trying the keys on every value and on every base64 / hex token of a text
+  value (``gate.sweep_trial.TrialKeys``, the same as on PostgreSQL).
+
+Fail closed: a column the role cannot read is UNREADABLE; a table outside the snapshot (MyISAM,
+Aria, MEMORY), the values outside a target's ``json_paths`` (not searched on MySQL yet) and, when
+the role lacks a global SELECT, the tables ``information_schema`` hides from it are UNSWEPT; a table
+that fails to read is UNREADABLE. Counts and names only, never a value.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from itertools import groupby
+
+from .config import Settings
+from .engines.base.checks import CandidateColumn
+from .engines.mysql.connect import MySqlConnection
+from .engines.mysql.gate import GATE_CHECKS
+from .engines.mysql.sweep import stream_values
+from .errors import DatabaseError
+from .gate.discover import Discovery
+from .gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find
+from .gate.sweep_trial import TOKEN, TrialKeys
+from .keyring import Keyring
+
+_TOKENS = re.compile(TOKEN.encode("ascii"))
+
+
+def _current_database(conn: MySqlConnection) -> str:
+    with conn.cursor() as cur:
+        cur.execute("SELECT DATABASE()", ())
+        row = cur.fetchone()
+    return str(row[0]) if row and row[0] is not None else ""
+
+
+def _skipped(label: str, table: str, globs: Sequence[str]) -> str | None:
+    for glob in globs:
+        if fnmatchcase(table, glob) or fnmatchcase(label, glob):
+            return f"[gate] discover_skip {glob!r}"
+    return None
+
+
+def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
+                key_ids: Sequence[str] | None = None) -> Discovery:
+    """The sweep on ``conn``, which must be inside the gate's snapshot (``GATE_CHECKS.snapshot``)."""
+    started = time.monotonic()
+    out = Discovery(server_side=keyring.server_side)
+    here = _current_database(conn)
+    configured: set[tuple[str, str, str]] = set()
+    for t in settings.targets:
+        schema = t.schema_name or here
+        for c in t.columns:
+            if t.json_paths and c in t.json_paths:
+                out.unswept[f"{schema}.{t.table_name}.{c}"] = ("values outside the configured json_paths are not "
+                                                               "searched on MySQL / MariaDB yet")
+            configured.add((schema, t.table_name, c))
+    if not GATE_CHECKS.sees_every_table(conn):
+        out.unswept["tables hidden from this role"] = ("information_schema shows only the tables the role holds a "
+                                                       "privilege on: GRANT SELECT ON *.* to the gate's role")
+    candidates: list[CandidateColumn] = []
+    for column in GATE_CHECKS.candidate_columns(conn):
+        if (column.schema, column.table, column.column) in configured:
+            continue
+        table = f"{column.schema}.{column.table}"
+        skip = _skipped(column.label, table, settings.gate.discover_skip)
+        if skip is not None:
+            out.not_swept[column.label] = skip
+        elif not column.readable:
+            out.unreadable[column.label] = "the role may not SELECT it"
+        elif not column.transactional:
+            out.unswept[table] = "not an InnoDB table: outside the gate's consistent snapshot"
+        else:
+            candidates.append(column)
+    keys = None if keyring.server_side else TrialKeys(keyring, key_ids)
+    marker = "vault:v" if keyring.server_side else "FPC1:"
+    pattern = re.compile(TRANSIT_FIND if keyring.server_side else FPC1_FIND)
+    for (schema, table), group in groupby(candidates, key=lambda c: (c.schema, c.table)):
+        columns = list(group)
+        try:
+            out.finds += _table_finds(conn, columns, marker, pattern, keys)
+        except DatabaseError as e:
+            out.unreadable[f"{schema}.{table}"] = str(e)
+            continue
+        out.tables += 1
+        out.columns += len(columns)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _table_finds(conn: MySqlConnection, columns: list[CandidateColumn], marker: str, pattern: re.Pattern[str],
+                 keys: TrialKeys | None) -> list[Find]:
+    by_pattern = [Counter[str]() for _ in columns]
+    by_trial = [Counter[str]() for _ in columns]
+    tried = [0] * len(columns)
+    if keys:  # every value: the pattern and the keys in one scan
+        values = stream_values(conn, columns)
+    else:
+        values = stream_values(conn, columns, marker)
+    for i, value in values:
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        if marker in text:
+            by_pattern[i].update(pattern.findall(text))
+            continue
+        if not keys:
+            continue
+        raw = value if isinstance(value, bytes) else value.encode("utf-8")
+        candidates = [raw] if columns[i].binary else [raw, *(tok for tok in _TOKENS.findall(raw) if tok != raw)]
+        for candidate in candidates:
+            if len(candidate) < min(keys.min_bytes, keys.min_text):
+                continue
+            tried[i] += 1
+            key = keys.key_of_value(candidate)
+            if key is not None:
+                by_trial[i][key] += 1
+                break
+    finds: list[Find] = []
+    for i, column in enumerate(columns):
+        if by_pattern[i]:
+            finds.append(Find(column.label, dict(by_pattern[i]), "pattern"))
+        if by_trial[i]:
+            finds.append(Find(column.label, dict(by_trial[i]), "trial", sampled=tried[i]))
+    return finds
