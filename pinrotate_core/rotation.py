@@ -21,7 +21,7 @@ from psycopg import sql
 from .config import Settings, TargetSettings
 from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
-from .drain import STOP_CANCELLED, BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
+from .drain import BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .forge_discovery import with_forge_targets
 from .gate import run_gate
@@ -30,6 +30,37 @@ from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
 from .providers import KeyProvider, build_provider
+
+# The report and exit codes live in run_report; callers name them rotation.* (explicit re-exports, as mypy
+# --strict wants them).
+# ruff: noqa: PLC0414
+from .run_report import (
+    EXIT_CONFIG as EXIT_CONFIG,
+)
+from .run_report import (
+    EXIT_FAIL_CLOSED as EXIT_FAIL_CLOSED,
+)
+from .run_report import (
+    EXIT_GATE_CLOSED as EXIT_GATE_CLOSED,
+)
+from .run_report import (
+    EXIT_INTERRUPTED as EXIT_INTERRUPTED,
+)
+from .run_report import (
+    EXIT_OK as EXIT_OK,
+)
+from .run_report import (
+    EXIT_TERMINATED as EXIT_TERMINATED,
+)
+from .run_report import (
+    EXIT_UNEXPECTED as EXIT_UNEXPECTED,
+)
+from .run_report import (
+    RunReport as RunReport,
+)
+from .run_report import (
+    target_report as target_report,
+)
 from .schemes.base import DECRYPT_FAILED, NOT_STORED, LegacyMigration, Scheme
 from .schemes.registry import build_scheme, check_keyring, reads_row_versions, scheme_class, write_guard
 from .scope import check_tenant_scope
@@ -39,80 +70,8 @@ from .throttle import Throttle, ThrottleControlSource
 if TYPE_CHECKING:
     from .metrics import RotationMetrics
 
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_CONFIG = 2
-EXIT_GATE_CLOSED = 3
-EXIT_FAIL_CLOSED = 4
-EXIT_TERMINATED = 143
-EXIT_INTERRUPTED = 130  # the same graceful stop as 143, asked for by a Ctrl-C (SIGINT)
-
 LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
 VERIFY_SAMPLE = 64
-
-
-@dataclass
-class RunReport:
-    run_id: str
-    current_key: str
-    dry_run: bool
-    targets: dict[str, DrainResult] = field(default_factory=dict)
-    verified: dict[str, Any] = field(default_factory=dict)
-    gate: dict[str, Any] = field(default_factory=dict)
-    cancelled: bool = False
-    interrupted: bool = False  # the cancellation was a Ctrl-C (SIGINT): exit 130 rather than 143
-    skipped: str | None = None  # e.g. another run holds the single-instance lock
-    duration_ms: float = 0.0
-
-    @property
-    def exit_code(self) -> int:
-        if self.cancelled:
-            return EXIT_INTERRUPTED if self.interrupted else EXIT_TERMINATED
-        if any(r.stopped == STOP_KEY_MISMATCH for r in self.targets.values()):
-            return EXIT_CONFIG  # a worker's keyring disagrees with the recorded key: a refusal, not an outage
-        if any(r.fail_closed for r in self.targets.values()):
-            return EXIT_FAIL_CLOSED
-        if any(not v.get("ok", True) for v in self.verified.values()):
-            return EXIT_FAIL_CLOSED
-        return EXIT_OK
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "run_id": self.run_id,
-            "current_key": self.current_key,
-            "dry_run": self.dry_run,
-            "targets": {name: target_report(r) for name, r in self.targets.items()},
-            "verified": self.verified,
-            "gate": self.gate,
-        }
-        if self.cancelled:
-            out["stopped"] = STOP_CANCELLED
-        if self.skipped:
-            out["skipped"] = self.skipped
-        out["exit_code"] = self.exit_code
-        return out
-
-
-def target_report(r: DrainResult) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "reencrypted": r.reencrypted,
-        "failed": len(r.failed),
-        "conflicts": r.conflicts,
-        "backlog_remaining": r.backlog_remaining,
-        "batches": r.batches,
-        "duration_ms": round(r.duration_ms),
-    }
-    # The counts the target's scheme keeps in its plans (fpc1: values left as they are, and why).
-    out.update({name: n for name, n in r.counts.items() if n})
-    if r.stopped:
-        out["stopped"] = r.stopped
-    if r.error:
-        out["error"] = r.error
-    if r.notes:
-        out["notes"] = list(r.notes)
-    if r.failed:
-        out["failed_rows"] = [f.as_dict() for f in r.failed[:100]]
-    return out
 
 
 @dataclass

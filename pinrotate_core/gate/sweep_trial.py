@@ -23,10 +23,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from psycopg import sql
 
+from .._primitives import EcbPkcs7
 from ..errors import CiphertextInvalid
 from ..keyring import Keyring
 from ..schemes.base import LEGACY_KEY
-from .._primitives import EcbPkcs7
 from ..schemes.fpc1_values import decrypt_text
 from .sweep_plan import SweptColumn, SweptTable
 from .sweep_reads import Find
