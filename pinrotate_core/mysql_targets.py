@@ -24,7 +24,7 @@ from .engines.base.catalog import CatalogColumn, TableCatalog
 from .engines.mysql.catalog import CATALOG
 from .engines.mysql.connect import MySqlConnection
 from .errors import TargetBlocked
-from .targets import CIPHER_TYPES, ID_TYPES, INTEGER_TYPES, Column, ResolvedTarget, read_columns
+from .targets import Column, ResolvedTarget, TypeWords, check_shape, read_columns
 
 # MySQL's DATA_TYPE -> the type name the schemes and the rules above know.
 TYPE_NAMES = {
@@ -35,6 +35,8 @@ TYPE_NAMES = {
     "binary": "bytea", "varbinary": "bytea", "tinyblob": "bytea", "blob": "bytea", "mediumblob": "bytea",
     "longblob": "bytea", "json": "json",
 }
+
+MYSQL_TYPES = TypeWords("integer, decimal and char or varchar", "a binary, text or varchar type")
 
 
 def _column(c: CatalogColumn) -> Column:
@@ -63,38 +65,7 @@ def resolve_mysql_target(conn: MySqlConnection, t: TargetSettings, *, writing: b
     if writing and found.read_only:
         raise TargetBlocked(t.name, f"the database connection is read-only ({', '.join(found.read_only)})")
     cols = {name: _column(c) for name, c in found.columns.items()}
-    pk = list(found.primary_key)
-    if len(pk) != 1:
-        raise TargetBlocked(t.name, f"table {t.table} has no single-column primary key")
-    if pk[0] != t.id:
-        raise TargetBlocked(t.name, f"id column {t.id} is not the primary key of {t.table} (it is {pk[0]})")
-
-    def need(column: str, role: str) -> Column:
-        if column not in cols:
-            raise TargetBlocked(t.name, f"{role} column {column} does not exist in {t.table}")
-        return cols[column]
-
-    id_column = need(t.id, "id")
-    if id_column.type_name not in ID_TYPES:
-        raise TargetBlocked(t.name, f"id column {t.id} is {id_column.sql_type}: pinrotate pages and shards rows by "
-                                    "the primary key in the server's own order, and supports integer, decimal "
-                                    "and char or varchar keys only")
-    key_version = None
-    if t.key_version:
-        key_version = need(t.key_version, "key_version")
-        if key_version.type_name not in INTEGER_TYPES:
-            raise TargetBlocked(t.name, f"key_version column {t.key_version} is {key_version.sql_type}, not an integer")
-    cipher_cols = tuple(need(c, "cipher") for c in t.columns)
-    for c in cipher_cols:
-        if c.type_name not in CIPHER_TYPES:
-            raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; expected a binary, text or "
-                                        "varchar type")
-    for name in t.require_not_null:
-        need(name, "require_not_null")
-    if t.tenant:
-        need(t.tenant, "tenant")
-    if t.soft_delete:
-        need(t.soft_delete, "soft_delete")
+    id_column, key_version, cipher_cols = check_shape(t, cols, list(found.primary_key), MYSQL_TYPES)
     generated = [n for n in read_columns(t) if found.columns[n].generated]
     if generated:
         raise TargetBlocked(t.name, f"column {generated[0]} of {t.table} is a generated column: "

@@ -28,6 +28,55 @@ ID_TYPES = {"int2", "int4", "int8", "numeric", "uuid", "text", "varchar", "bpcha
 
 
 @dataclass(frozen=True)
+class TypeWords:
+    """How an engine names, in a BLOCKED reason, the column types the shape rules accept."""
+
+    id_types: str
+    cipher_types: str
+
+
+POSTGRESQL_TYPES = TypeWords("integer, numeric, uuid and text or varchar", "bytea, text or varchar")
+
+
+def check_shape(t: TargetSettings, cols: dict[str, Column], pk: Sequence[str],
+                words: TypeWords) -> tuple[Column, Column | None, tuple[Column, ...]]:
+    """The rules every engine's catalog answers alike (one copy for all of them): a single-column
+    primary key that is the id, every configured column present and of a type pinrotate can page,
+    version and rewrite. (id column, key-version column, cipher columns); else TargetBlocked."""
+    if len(pk) != 1:
+        raise TargetBlocked(t.name, f"table {t.table} has no single-column primary key")
+    if pk[0] != t.id:
+        raise TargetBlocked(t.name, f"id column {t.id} is not the primary key of {t.table} (it is {pk[0]})")
+
+    def need(column: str, role: str) -> Column:
+        if column not in cols:
+            raise TargetBlocked(t.name, f"{role} column {column} does not exist in {t.table}")
+        return cols[column]
+
+    id_column = need(t.id, "id")
+    if id_column.type_name not in ID_TYPES:
+        raise TargetBlocked(t.name, f"id column {t.id} is {id_column.sql_type}: pinrotate pages and shards rows by "
+                                    f"the primary key in the server's own order, and supports {words.id_types} "
+                                    "keys only")
+    key_version = None
+    if t.key_version:
+        key_version = need(t.key_version, "key_version")
+        if key_version.type_name not in INTEGER_TYPES:
+            raise TargetBlocked(t.name, f"key_version column {t.key_version} is {key_version.sql_type}, not an integer")
+    cipher_cols = tuple(need(c, "cipher") for c in t.columns)
+    for c in cipher_cols:
+        if c.type_name not in CIPHER_TYPES:
+            raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; expected {words.cipher_types}")
+    for name in t.require_not_null:
+        need(name, "require_not_null")
+    if t.tenant:
+        need(t.tenant, "tenant")
+    if t.soft_delete:
+        need(t.soft_delete, "soft_delete")
+    return id_column, key_version, cipher_cols
+
+
+@dataclass(frozen=True)
 class Column:
     name: str
     sql_type: str  # format_type(): e.g. "character varying(255)", "bytea"
@@ -138,35 +187,7 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
 
     pk = [str(c) for c in pk_row[0]] if pk_row and isinstance(pk_row[0], list) else []
-    if len(pk) != 1:
-        raise TargetBlocked(t.name, f"table {t.table} has no single-column primary key")
-    if pk[0] != t.id:
-        raise TargetBlocked(t.name, f"id column {t.id} is not the primary key of {t.table} (it is {pk[0]})")
-    def need(column: str, role: str) -> Column:
-        if column not in cols:
-            raise TargetBlocked(t.name, f"{role} column {column} does not exist in {t.table}")
-        return cols[column]
-
-    id_column = need(t.id, "id")
-    if id_column.type_name not in ID_TYPES:
-        raise TargetBlocked(t.name, f"id column {t.id} is {id_column.sql_type}: pinrotate pages and shards rows by "
-                                    "the primary key in the server's own order, and supports integer, numeric, uuid "
-                                    "and text or varchar keys only")
-    key_version = None
-    if t.key_version:
-        key_version = need(t.key_version, "key_version")
-        if key_version.type_name not in INTEGER_TYPES:
-            raise TargetBlocked(t.name, f"key_version column {t.key_version} is {key_version.sql_type}, not an integer")
-    cipher_cols = tuple(need(c, "cipher") for c in t.columns)
-    for c in cipher_cols:
-        if c.type_name not in CIPHER_TYPES:
-            raise TargetBlocked(t.name, f"cipher column {c.name} is {c.sql_type}; expected bytea, text or varchar")
-    for name in t.require_not_null:
-        need(name, "require_not_null")
-    if t.tenant:
-        need(t.tenant, "tenant")
-    if t.soft_delete:
-        need(t.soft_delete, "soft_delete")
+    id_column, key_version, cipher_cols = check_shape(t, cols, pk, POSTGRESQL_TYPES)
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
     by_ctid, inherited = (bool(kind[0]), bool(kind[1])) if kind else (False, False)
     if writing:
