@@ -147,7 +147,9 @@ def test_a_prefect_variable_set_to_paused_stops_a_running_drain_and_clearing_it_
     name = f"pinrotate_throttle_{uuid.uuid4().hex[:8]}"
     control = VariableThrottleControl(name, ttl=0.2)
     assert control() is None  # no Variable: no say
-    run = Run(pin, control=control)
+    # 150 batches at least 0.1 s apart (15 s or more): the drain cannot end before the pause set
+    # through the Prefect API reaches it, however slow that API is under a parallel test run.
+    run = Run(pin, control=control, inter_batch_delay=0.1)
     try:
         wait_until(lambda: on_new_key(pin) > 0, "the first batches")
         Variable.set(name, {"paused": True}, overwrite=True)
