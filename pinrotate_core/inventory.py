@@ -224,6 +224,19 @@ def take_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, d
 HoldTarget = Callable[[psycopg.Connection[Any], ResolvedTarget], "str | None"]
 
 
+def bind_for_inventory(resolve: Callable[[TargetSettings], ResolvedTarget], t: TargetSettings, keyring: Keyring,
+                       settings: Settings, provider: object) -> tuple[ResolvedTarget, Scheme] | TargetInventory:
+    """A target resolved (by the engine's ``resolve``) and bound to its scheme, or, where it is refused,
+    its BLOCKED inventory: one rule for every engine."""
+    try:
+        resolved = resolve(t)
+        return resolved, build_scheme(resolved, keyring, settings.keys, provider)
+    except TargetBlocked as e:
+        return blocked_inventory(t, e.reason)
+    except ConfigError as e:
+        return blocked_inventory(t, str(e))
+
+
 def inventory_on(conn: psycopg.Connection[Any], settings: Settings, keyring: Keyring, *, deep: bool = False,
                  tenant: str | None = None, targets: Sequence[TargetSettings] | None = None,
                  provider: object = None, hold: HoldTarget | None = None) -> Inventory:
@@ -231,15 +244,11 @@ def inventory_on(conn: psycopg.Connection[Any], settings: Settings, keyring: Key
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
     for t in chosen:
-        try:
-            resolved = resolve_target(conn, t, writing=False)
-            scheme = build_scheme(resolved, keyring, settings.keys, provider)
-        except TargetBlocked as e:
-            result.targets[t.name] = blocked_inventory(t, e.reason)
+        bound = bind_for_inventory(lambda t: resolve_target(conn, t, writing=False), t, keyring, settings, provider)
+        if isinstance(bound, TargetInventory):
+            result.targets[t.name] = bound
             continue
-        except ConfigError as e:
-            result.targets[t.name] = blocked_inventory(t, str(e))
-            continue
+        resolved, scheme = bound
         try:
             held = hold(conn, resolved) if hold is not None else None
             if held is not None:

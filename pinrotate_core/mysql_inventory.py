@@ -25,14 +25,13 @@ from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.gate import GATE_CHECKS
 from .engines.mysql.operations import OPERATIONS as ops
-from .errors import ConfigError, DatabaseError, TargetBlocked
+from .errors import DatabaseError
 from .forge_discovery import with_forge_targets
-from .inventory import Inventory, TargetInventory, blocked_inventory
+from .inventory import Inventory, TargetInventory, bind_for_inventory
 from .keyring import Keyring
 from .mysql_targets import resolve_mysql_target
 from .providers import build_provider
 from .schemes.base import LEGACY_KEY, InventoryFacts, Scheme
-from .schemes.registry import build_scheme
 from .scope import check_tenant_scope
 from .scope_text import exclusion_rule, scope_condition
 
@@ -67,15 +66,12 @@ def inventory_on_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyri
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
     for t in chosen:
-        try:
-            resolved = resolve_mysql_target(conn, t, writing=False)
-            scheme = build_scheme(resolved, keyring, settings.keys, provider)
-        except TargetBlocked as e:
-            result.targets[t.name] = blocked_inventory(t, e.reason)
+        bound = bind_for_inventory(lambda t: resolve_mysql_target(conn, t, writing=False), t, keyring, settings,
+                                   provider)
+        if isinstance(bound, TargetInventory):
+            result.targets[t.name] = bound
             continue
-        except ConfigError as e:
-            result.targets[t.name] = blocked_inventory(t, str(e))
-            continue
+        _, scheme = bound
         try:
             result.targets[t.name] = inventory_target(conn, scheme, deep=deep, tenant=tenant)
             if t.tenant:
