@@ -21,7 +21,9 @@ _WAL_LSN = sql.SQL("pg_current_wal_lsn()::text")
 
 # Standbys that replay: a logical walsender (pg_recvlogical, a subscription) streams through a
 # logical slot, and pg_receivewal reports where it wrote but never a replay position; neither
-# replays, so neither can fall behind. A row whose details are hidden (no pg_monitor) stays in.
+# replays, so neither can fall behind. A logical walsender is also told by its database (a physical
+# one has none), which it has from its start, before its slot is marked active (as gate/standbys.py
+# tells them). A row whose details are hidden (no pg_monitor) stays in.
 _STANDBYS = sql.SQL(
     "(SELECT coalesce(json_agg(json_build_object("
     " 'name', coalesce(nullif(r.application_name, ''), 'walreceiver') || '@' ||"
@@ -29,7 +31,8 @@ _STANDBYS = sql.SQL(
     " 'replay_lsn', r.replay_lsn::text, 'visible', r.state IS NOT NULL) ORDER BY r.pid), '[]')"
     " FROM pg_stat_replication r"
     " WHERE NOT (r.write_lsn IS NOT NULL AND r.replay_lsn IS NULL)"
-    " AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))")
+    " AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')"
+    " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.pid AND a.datid IS NOT NULL))")
 
 _BUSY = sql.SQL(
     "(SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND backend_type = 'client backend'"
