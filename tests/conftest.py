@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -400,8 +401,13 @@ def make_role(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[Calla
 # imported here so that every test module gets the fixtures.
 # ---------------------------------------------------------------------------------------------
 
+from tests.mariadb_server import MariaDbServer, mariadb_server
 from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: F401
-from tests.mariadb_server import MariaDbServer, mariadb_server  # noqa: E402
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from pinrotate_core.engines.mysql.connect import MySqlConnection
 
 # ---------------------------------------------------------------------------------------------
 # Key files
@@ -471,6 +477,25 @@ def mysql_database(mariadb: MariaDbServer, request: pytest.FixtureRequest) -> It
     with shared_server_lock(f"mysql://{mariadb.host}:{mariadb.port}", exclusive=exclusive), \
             mariadb.fresh_database() as name:
         yield name
+
+
+@pytest.fixture
+def mysql_engine(mariadb: MariaDbServer, mysql_database: str) -> Iterator[sa.Engine]:
+    """An engine of the MySQL room on the test's fresh MariaDB database."""
+    from pinrotate_core.engines.mysql.connect import make_engine
+
+    engine = make_engine(mariadb.url(mysql_database))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def my_conn(mysql_engine: sa.Engine) -> Iterator[MySqlConnection]:
+    """A connection of ``mysql_engine`` (autocommit, as the room's raw connections are)."""
+    from pinrotate_core.engines.mysql.connect import raw_connection
+
+    with raw_connection(mysql_engine) as conn:
+        yield conn
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,19 +25,6 @@ from pinrotate_core.errors import ConfigError, DatabaseUnavailable
 from tests.mariadb_server import MariaDbServer, free_port
 
 
-@pytest.fixture
-def mysql_engine(mariadb: MariaDbServer, mysql_database: str) -> Iterator[sa.Engine]:
-    engine = make_engine(mariadb.url(mysql_database))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def my_conn(mysql_engine: sa.Engine) -> Iterator[MySqlConnection]:
-    with raw_connection(mysql_engine) as conn:
-        yield conn
-
-
 def run(conn: MySqlConnection, *statements: str) -> None:
     with conn.cursor() as cur:
         for s in statements:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import pymysql
 import pytest
-import sqlalchemy as sa
 
 from pinrotate_core.engines.mysql.connect import MySqlConnection, make_engine, raw_connection
 from pinrotate_core.engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
@@ -18,19 +17,6 @@ from pinrotate_core.engines.mysql.signals import ADVISORY_LOCK, SINGLE_INSTANCE_
 from pinrotate_core.engines.mysql.sweep import stream_values
 from pinrotate_core.errors import DatabaseError
 from tests.mariadb_server import MariaDbServer
-
-
-@pytest.fixture
-def mysql_engine(mariadb: MariaDbServer, mysql_database: str) -> Iterator[sa.Engine]:
-    engine = make_engine(mariadb.url(mysql_database))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def my_conn(mysql_engine: sa.Engine) -> Iterator[MySqlConnection]:
-    with raw_connection(mysql_engine) as conn:
-        yield conn
 
 
 @pytest.fixture

@@ -9,27 +9,13 @@ from collections.abc import Iterator
 
 import pymysql
 import pytest
-import sqlalchemy as sa
 
 from pinrotate_core.engines.mysql.catalog import CATALOG
-from pinrotate_core.engines.mysql.connect import MySqlConnection, make_engine, raw_connection
+from pinrotate_core.engines.mysql.connect import MySqlConnection
 from pinrotate_core.engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction, lock_wait_seconds
 from tests.mariadb_server import MariaDbServer
 
 OLD_TIME = dt.datetime(2001, 2, 3, 4, 5, 6)
-
-
-@pytest.fixture
-def mysql_engine(mariadb: MariaDbServer, mysql_database: str) -> Iterator[sa.Engine]:
-    engine = make_engine(mariadb.url(mysql_database))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def my_conn(mysql_engine: sa.Engine) -> Iterator[MySqlConnection]:
-    with raw_connection(mysql_engine) as conn:
-        yield conn
 
 
 @pytest.fixture
