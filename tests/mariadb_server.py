@@ -119,17 +119,22 @@ def start_own_server(port: int | None = None, extra_args: Sequence[str] = ()) ->
                            "(installs Debian's mariadb-server)")
     base = Path(tempfile.mkdtemp(prefix="pinrotate-mariadb-"))
     datadir, sock, log = base / "data", base / "mariadb.sock", base / "error.log"
+    # Its own tmpdir: with the shared /tmp, the bootstrap's temporary tables were once removed under it
+    # ("Could not remove temporary table '/tmp/#sql-temptable-…'", then "Unknown table
+    # 'mysql.tmp_user_sys'") while other servers of the suite ran beside it (CI, stop 36).
+    tmpdir = base / "tmp"
+    tmpdir.mkdir()
     as_root = ["--user=root"] if os.geteuid() == 0 else []  # mariadbd refuses root without it
     install = subprocess.run(
         [install_db, "--no-defaults", f"--datadir={datadir}", "--auth-root-authentication-method=normal",
-         "--skip-test-db", *as_root], capture_output=True, timeout=120, check=False)
+         "--skip-test-db", f"--tmpdir={tmpdir}", *as_root], capture_output=True, timeout=120, check=False)
     if install.returncode != 0:
         shutil.rmtree(base, ignore_errors=True)
         raise RuntimeError(f"mariadb-install-db failed: {install.stderr.decode(errors='replace')[-500:]}")
     port = port or free_port()
     process = subprocess.Popen(
         [daemon, "--no-defaults", f"--datadir={datadir}", f"--socket={sock}", f"--port={port}",
-         "--bind-address=127.0.0.1", f"--pid-file={base / 'mariadbd.pid'}", f"--log-error={log}",
+         "--bind-address=127.0.0.1", f"--tmpdir={tmpdir}", f"--pid-file={base / 'mariadbd.pid'}", f"--log-error={log}",
          "--innodb-buffer-pool-size=32M", "--skip-name-resolve", *as_root, *extra_args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = MariaDbServer("127.0.0.1", port, process=process, base_dir=base)
