@@ -380,6 +380,11 @@ def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
             if n:
                 # A value naming a key the keyring lacks is a key-provider failure, not a bad value.
                 metrics.add_error("key_unavailable" if reason == "unknown_key" else reason, n)
+        stored_otherwise = sum(1 for f in r.failed if f.reason == NOT_STORED)
+        if stored_otherwise:
+            # The database stored something other than what was written (a trigger, a truncation):
+            # a database-side failure in the contract's fixed reasons (§7), never silently uncounted.
+            metrics.add_error("db_error", stored_otherwise)
         if r.conflicts:
             metrics.add_error("conflict", r.conflicts)
         if r.stopped in ("key_unavailable", "db_error"):

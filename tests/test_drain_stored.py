@@ -21,6 +21,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.errors import ConfigError
 from pinrotate_core.keyring import Keyring
+from pinrotate_core.metrics import RotationMetrics
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from pinrotate_core.schemes.base import NOT_STORED
@@ -86,6 +87,11 @@ def test_a_trigger_keeping_the_old_value_fails_its_rows_the_others_stand_and_no_
     assert result.reencrypted == ROWS - len(kept)
     assert report.exit_code == 4
     assert report.gate and not any(v.get("open") for v in report.gate.values()), report.gate
+    metrics = RotationMetrics()
+    rotation.record_metrics(report, metrics)
+    # Each row stored otherwise is a db_error (contract §7's reasons), besides a stop of the target.
+    errors = metrics.registry.get_sample_value("profile_crypto_reencrypt_errors_total", {"reason": "db_error"})
+    assert errors == len(kept) + (1 if result.stopped == "db_error" else 0)
 
 
 @pytest.mark.parametrize(("column", "kind"), [("name_cipher", "generated"), ("key_version", "generated"),
