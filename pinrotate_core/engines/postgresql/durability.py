@@ -42,6 +42,17 @@ def confirm_flushed(conn: psycopg.Connection[Any], *, timeout: float = FLUSH_WAI
     return wait_for_flush(conn, str(row[0]), timeout=timeout)
 
 
+def insert_position(conn: psycopg.Connection[Any]) -> str | None:
+    """The WAL insert position now (everything committed lies below it); None on a standby, which
+    writes no WAL of its own."""
+    try:
+        row = conn.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
+                           " ELSE pg_current_wal_insert_lsn()::text END").fetchone()
+    except psycopg.Error as e:
+        raise DatabaseError(f"cannot read the WAL position ({describe_db_error(e)})") from None
+    return None if row is None or row[0] is None else str(row[0])
+
+
 def wait_for_flush(conn: psycopg.Connection[Any], target_lsn: str, *, timeout: float = FLUSH_WAIT_S) -> dict[str, Any]:
     """Wait (bounded) until ``pg_current_wal_flush_lsn() >= target_lsn``.
 
