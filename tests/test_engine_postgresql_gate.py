@@ -65,9 +65,10 @@ def test_in_flight_fails_closed_for_a_role_that_cannot_see_other_roles_sessions(
     role = make_role("gatecheck")
     engine = ROOM.make_engine(url_as(database_url, role), pool_size=1)
     try:
-        with ROOM.raw_connection(engine) as conn:  # pg_conn (another role) is in this database
-            with pytest.raises(DatabaseError, match=f"not visible to role {role}.*pg_read_all_stats"):
-                ROOM.gate.in_flight(conn)
+        # pg_conn (another role) is in this database
+        with ROOM.raw_connection(engine) as conn, pytest.raises(
+                DatabaseError, match=f"not visible to role {role}.*pg_read_all_stats"):
+            ROOM.gate.in_flight(conn)
     finally:
         engine.dispose()
 
