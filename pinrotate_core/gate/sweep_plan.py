@@ -17,8 +17,14 @@ import psycopg
 from psycopg import sql
 
 from ..config import Settings
-from ..engines.postgresql.sweep_catalog import Kind, ancestors, configured_columns, relations, type_kinds
-from ..engines.postgresql.sweep_catalog import lineage as lineage_of
+from ..engines.postgresql.sweep_catalog import (
+    Kind,
+    ancestors,
+    configured_columns,
+    lineage_of,
+    relations,
+    type_kinds,
+)
 from ..targets import relation_of
 
 

@@ -128,7 +128,7 @@ def ancestors(conn: psycopg.Connection[Any]) -> tuple[dict[int, list[int]], dict
     return parents, names
 
 
-def lineage(oid: int, parents: dict[int, list[int]]) -> Iterator[int]:
+def lineage_of(oid: int, parents: dict[int, list[int]]) -> Iterator[int]:
     seen: set[int] = set()
     todo = [oid]
     while todo:
