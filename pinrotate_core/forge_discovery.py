@@ -28,7 +28,8 @@ import sqlalchemy as sa
 
 from .config import Settings, TargetSettings
 from .config_errors import TARGET_NAME
-from .db import database_url, describe_db_error, make_engine
+from .db import database_url, make_engine
+from .engines.postgresql.connect import describe_db_error
 from .errors import ConfigError, DatabaseError
 
 DATA_CONNECTION_TABLE: Final = "ai_report_data_connection"

@@ -21,7 +21,8 @@ import pytest
 
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
-from pinrotate_core.db import database_identity, make_engine, raw_connection
+from pinrotate_core.db import make_engine
+from pinrotate_core.engines.postgresql.connect import database_identity, raw_connection
 from pinrotate_core.errors import DatabaseUnavailable
 from tests.pinprofile import cli_all, seed_profile, write_config
 

@@ -16,7 +16,7 @@ import pytest
 
 from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
-from pinrotate_core.durability import confirm_flushed, wait_for_flush
+from pinrotate_core.engines.postgresql.durability import confirm_flushed, wait_for_flush
 from pinrotate_core.errors import ConfigError, DatabaseError
 from pinrotate_core.gate import KeyNotRetirable, retire_gate
 from tests.pinprofile import cli, seed_profile

@@ -26,8 +26,9 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
+from pinrotate_core.engines.postgresql.in_flight import mark_read_start
 from pinrotate_core.gate import retire_gate, write_gate_record
-from pinrotate_core.gate.settle import mark_read_start, settle_in_flight
+from pinrotate_core.gate.settle import settle_in_flight
 from pinrotate_core.gate.standbys import settle_standbys
 from pinrotate_core.log import LOGGER_NAME
 from tests.conftest import PgServer

@@ -21,7 +21,8 @@ import psycopg
 import sqlalchemy as sa
 
 from ..config import Settings
-from ..db import database_url, describe_db_error, make_engine
+from ..db import database_url, make_engine
+from ..engines.postgresql.connect import describe_db_error
 from ..errors import DatabaseError
 from ..forge_discovery import with_forge_targets
 from ..keyring import Keyring, is_version

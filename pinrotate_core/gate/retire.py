@@ -20,7 +20,8 @@ import psycopg
 import sqlalchemy as sa
 
 from ..config import Settings, TargetSettings
-from ..db import database_identity, database_url, make_engine
+from ..db import database_url, make_engine
+from ..engines.postgresql.connect import database_identity
 from ..errors import DatabaseError
 from ..forge_discovery import with_forge_targets
 from ..inventory import Inventory, take_inventory

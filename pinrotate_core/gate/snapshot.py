@@ -28,7 +28,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from ..db import describe_db_error, raw_connection
+from ..engines.postgresql.connect import describe_db_error, raw_connection
 from ..errors import DatabaseError
 
 LOCK_TIMEOUT: Final = "5s"  # a relation locked by DDL longer than this is reported unreadable: closed

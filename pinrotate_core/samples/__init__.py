@@ -14,7 +14,8 @@ import psycopg
 from psycopg import sql
 
 from ..config import Settings
-from ..db import database_url, describe_db_error, make_engine, raw_connection
+from ..db import database_url, make_engine
+from ..engines.postgresql.connect import describe_db_error, raw_connection
 from ..errors import ConfigError, DatabaseError
 from ..keyring import Keyring, is_version
 from . import forge_sample, pin_profile

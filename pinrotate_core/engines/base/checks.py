@@ -87,7 +87,9 @@ class GateChecks(Protocol[Conn_contra]):
         """Where the primary's log stands now (GTID set / LSN), for the replicas to reach."""
 
     def replica_positions(self, conn: Conn_contra) -> list[ReplicaPosition]:
-        """The replication this server runs as a replica (empty on a primary)."""
+        """The replication this server takes part in: MySQL reports it as the replica sees it (its
+        own replica status, empty on a primary); PostgreSQL as the primary sees its physical standbys
+        and slots (empty on a standby)."""
 
 
 class ThrottleSignals(Protocol[Conn_contra]):

@@ -1,9 +1,12 @@
 """What an engine can do, asked by the callers instead of its name (Django's ``DatabaseFeatures``),
-and which engine a database URL names. Nothing here connects."""
+which engine a database URL names, and a URL fit to print. Nothing here connects."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
 from ...errors import ConfigError
 
@@ -19,6 +22,14 @@ def engine_of_url(url: str) -> str:
         raise ConfigError("database.url: not a PostgreSQL, MySQL or MariaDB URL "
                           "(postgresql://, mysql:// or mariadb://)")
     return ENGINE_OF_SCHEME[backend]
+
+
+def redacted(url: str) -> str:
+    """A database URL without its password, to name a server in a message or a report."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparseable URL>"
 
 
 @dataclass(frozen=True)
