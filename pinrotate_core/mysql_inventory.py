@@ -6,6 +6,9 @@ each value classified (and with ``deep`` decrypted) by the same scheme as on Pos
 inventory reads one consistent snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``).
 Counts and locations only, never a value; nothing is written.
 
+CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``mysql_bookkeeping``);
+a table the role may not read blocks the target.
+
 Not counted in the database as on PostgreSQL (where a scheme can name a row's key in SQL): every
 row is read, which costs time, not correctness.
 """
@@ -20,6 +23,7 @@ import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
 from .config import Settings, TargetSettings
+from .conflicts import StateError
 from .db import database_url, make_engine
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
@@ -29,6 +33,7 @@ from .errors import DatabaseError
 from .forge_discovery import with_forge_targets
 from .inventory import Inventory, TargetInventory, bind_for_inventory
 from .keyring import Keyring
+from .mysql_bookkeeping import last_conflicts_mysql
 from .mysql_targets import resolve_mysql_target
 from .providers import build_provider
 from .schemes.base import LEGACY_KEY, InventoryFacts, Scheme
@@ -130,6 +135,12 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
         # Counted in SQL by the scheme (PostgreSQL's): not on MySQL yet. Closed rather than guessed.
         inv.block(f"format {t.format}: its inventory facts are not available on MySQL / MariaDB yet (issue 32)")
         return inv
+    if scheme.guard == "cas":  # fpc1: what the last runs recorded in pinrotate.conflicts
+        try:
+            inv.counts["CONFLICT"] = last_conflicts_mysql(conn, t.name, tenant=tenant)
+        except StateError as e:
+            inv.block(str(e))  # fail closed: conflicts we cannot read might exist
+            return inv
     reason = capacity_blocker(conn, scheme, tenant)
     if reason is not None:
         inv.block(reason)
