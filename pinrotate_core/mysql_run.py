@@ -1,5 +1,7 @@
 """``run`` (and ``--dry-run``) on MySQL / MariaDB (contract §5), every scheme the room can write
-by compare-and-swap (there is no ``xmin``): ``aesgcm`` and ``fpc1``.
+by compare-and-swap (there is no ``xmin``): ``aesgcm``, ``fpc1`` and ``vault-transit`` (its
+values rewrapped by Transit in the plan, outside the batch's transaction; a value the application
+changed meanwhile is left for the next run, as on PostgreSQL).
 
 Per target, in id order (keyset batches of ``job.batch_size`` in-scope rows, read without locks),
 the scheme plans each batch (every new value verified by decrypting it before it is planned); the
@@ -54,12 +56,16 @@ from .mysql_targets import read_table, resolve_mysql_target
 from .rotation import LOCK_NAME, RunReport, apply_key_policy, check_start, open_run
 from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from .schemes.registry import build_scheme
+from .schemes.transit import PREFIX as TRANSIT_PREFIX
+from .schemes.transit import TRANSIT_VALUE_PATTERN
 from .scope_text import scope_condition
 
 ALIAS = "t"
 GATE_NOT_DECIDED = ("not decided by a run on MySQL / MariaDB yet: run gate --retire KEY (one snapshot of the "
                     "whole server) before destroying it")
-WRITABLE = ("aesgcm", "fpc1")
+WRITABLE = ("aesgcm", "fpc1", "vault-transit")
+# Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.
+NO_VERSION = 99_999_999_999
 NOT_RECORDED = "on MySQL / MariaDB this run runs without the Prefect flow, throttle or parallel workers (issue 32)"
 
 
@@ -127,15 +133,37 @@ def _resolve_all(conn: MySqlConnection, settings: Settings, targets: Sequence[Ta
 
 
 def stale_where(scheme: Scheme, tenant: str | None) -> str:
-    """The rows a run may write: in scope and, where the row names its key (``aesgcm``), on an
-    older one (``<``: never a row on a newer key, never a NULL version), as the scheme's
-    ``stale_condition`` says on PostgreSQL. ``fpc1`` values are decided one by one by the plan."""
+    """The rows a run may write: in scope and, where the row names its key (``aesgcm``, and
+    ``vault-transit`` with a key-version column), on an older one (``<``: never a row on a newer
+    key, never a NULL version), as the scheme's ``stale_condition`` says on PostgreSQL;
+    ``vault-transit`` without one: the lowest ``vault:v<N>:`` version among the row's values.
+    ``fpc1`` values are decided one by one by the plan."""
     t = scheme.target.settings
     kv = scheme.target.key_version
     scope = scope_condition(t, tenant, ops, ALIAS)
-    if t.format == "fpc1" or kv is None:
+    if t.format == "fpc1":
         return scope
-    return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
+    if kv is not None:
+        return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
+    if t.format == "vault-transit":
+        return f"({scope} AND {transit_lowest_version(scheme)} < {int(scheme.current_key)})"
+    return scope
+
+
+def transit_version(column: str) -> str:
+    """The version ``N`` a stored value names when the whole value is ``vault:v<N>:<base64>``
+    (``TRANSIT_VALUE_PATTERN``, exact bytes), else NULL: ``transit.version_sql`` in MySQL."""
+    col = ops.column(column, ALIAS)
+    return (f"(CASE WHEN {ops.regex_match(col, ops.text_literal(TRANSIT_VALUE_PATTERN))}"
+            f" THEN CAST(SUBSTRING_INDEX(SUBSTRING({ops.text_of(col)}, {len(TRANSIT_PREFIX) + 1}), ':', 1)"
+            " AS UNSIGNED) END)")
+
+
+def transit_lowest_version(scheme: Scheme) -> str:
+    """The lowest version among a row's values; ``NO_VERSION`` when none is a Transit value (MySQL's
+    LEAST is NULL as soon as one argument is, where PostgreSQL's skips NULLs)."""
+    parts = [f"COALESCE({transit_version(c.name)}, {NO_VERSION})" for c in scheme.target.columns]
+    return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
 
 
 def _select(scheme: Scheme, tenant: str | None, lo: Any, size: int) -> tuple[str, tuple[Any, ...]]:
