@@ -242,3 +242,17 @@ def test_a_role_that_may_not_create_the_bookkeeping_is_refused_before_writing(
     finally:
         with connect(forge.server, None) as root:
             query(root, f"DROP USER IF EXISTS '{user}'@'%'")
+
+
+def test_the_reference_prints_the_bookkeeping_ddl_the_room_runs() -> None:
+    """docs/reference.md's MySQL DDL is what pinrotate (and ``grants``) runs, word for word."""
+    import re
+
+    from pinrotate_core.engines.mysql.grants import bookkeeping_ddl
+    from tests.pinprofile import REPO
+
+    text = (REPO / "docs" / "reference.md").read_text(encoding="utf-8")
+    section = text.split("### On MySQL / MariaDB: the `pinrotate` database", 1)[1].split("```sql", 1)[1]
+    printed = [re.sub(r"\s+", " ", s).replace("( ", "(").strip() for s in section.split("```", 1)[0].split(";")]
+    ours = [re.sub(r"\s+", " ", s).replace("( ", "(").strip() for s in bookkeeping_ddl()]
+    assert [s for s in printed if s] == ours
