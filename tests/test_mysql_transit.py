@@ -138,6 +138,15 @@ def test_vault_transit_runs_on_mariadb_rewrapping_every_value_to_the_latest_vers
         assert bao.decrypt(text) == expected, (table, row, column)  # OpenBao itself, not pinrotate
     assert people_rows[20][1].startswith("vault:v2:")
 
+    # Each Transit version's identity recorded for this database: the creation time OpenBao reports.
+    versions = bao.admin.api("GET", f"{bao.mount}/keys/{bao.key}")["data"]["keys"]
+    with connect(mariadb, None) as conn:
+        recorded = {r[0]: r[1:] for r in query(conn, "SELECT key_id, check_value, algorithm, keyring FROM"
+                                                     " pinrotate.key_checks WHERE database_name = %s",
+                                               (mysql_database,))}
+    assert recorded == {v: (str(versions[v]), "transit-creation-time:v1", f"vault-transit {bao.mount}/{bao.key}")
+                        for v in ("1", "2", "3")}, recorded
+
     code, again, err = rotate("run", *cfg, "--json")  # nothing left: nothing written
     assert code == 0 and again["targets"]["People"]["reencrypted"] == 0 == again["targets"]["Notes"]["reencrypted"]
 
@@ -146,3 +155,39 @@ def test_vault_transit_runs_on_mariadb_rewrapping_every_value_to_the_latest_vers
     assert code == 0 and gate["open"] is True, (err, gate.get("blocking"))
     code, gate, err = rotate("gate", "--retire", "2", *cfg, "--json")
     assert code == 3 and gate["blocking"]["HISTORICAL"] == 1, gate
+
+
+def test_an_application_edit_between_read_and_rewrap_is_never_overwritten_on_mariadb(
+        mariadb: MariaDbServer, mysql_database: str, openbao: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compare-and-swap of every scheme: the application writes a row after the run read it and
+    while Transit rewraps; that row keeps the application's value (left for the next run)."""
+    from pinrotate_core.config import load_settings
+    from pinrotate_core.mysql_run import mysql_run
+    from pinrotate_core.schemes.transit import TransitScheme
+
+    bao = Bao(openbao)
+    plain = _seed(mariadb, mysql_database, bao)
+    cfg = _config(tmp_path, mariadb, mysql_database, openbao, bao)
+    edited = bao.encrypt(b"written by the application meanwhile")  # under the latest version
+    plan = TransitScheme.plan
+
+    def plan_then_edit(self: TransitScheme, rows: Any, known_failed: Any = ()) -> Any:
+        out = plan(self, rows, known_failed)
+        if self.target.name == "People" and any(r[0] == 3 for r in rows):
+            with connect(mariadb, mysql_database) as app:  # the application's own session, committed
+                query(app, "UPDATE people SET name_cipher = %s, key_version = 1 WHERE id = 3", (edited,))
+        return out
+
+    monkeypatch.setattr(TransitScheme, "plan", plan_then_edit)
+    report = mysql_run(load_settings(cfg), target_names=["People"])
+    assert report.targets["People"].reencrypted == 11, report.as_dict()
+    with connect(mariadb, mysql_database) as conn:
+        (name, kv), = query(conn, "SELECT name_cipher, key_version FROM people WHERE id = 3")
+    assert (name, kv) == (edited, 1)  # the application's value stands; key_version 1: the next run takes it
+    monkeypatch.undo()
+    assert mysql_run(load_settings(cfg), target_names=["People"]).targets["People"].reencrypted == 1
+    with connect(mariadb, mysql_database) as conn:
+        (name,), = query(conn, "SELECT name_cipher FROM people WHERE id = 3")
+    assert name.startswith("vault:v3:") and bao.decrypt(name) == b"written by the application meanwhile"
+    assert plain[("people", 3, "name_cipher")] != b"written by the application meanwhile"
