@@ -137,10 +137,12 @@ def ensure_conflicts_table_mysql(conn: MySqlConnection) -> None:
 
 
 def record_conflicts_mysql(conn: MySqlConnection, target: str, by_tenant: Mapping[str, int], *,
-                           tenant_scope: str | None, complete: bool, run_id: str) -> None:
+                           tenant_scope: str | None, complete: bool, run_id: str, shard: bool = False) -> None:
     """``conflicts.record_conflicts`` on MySQL (one transaction, committed before it returns): a
     complete run replaces what it covered (all tenants, or its one tenant); an incomplete one
-    clears nothing and keeps, per tenant, the larger of the stored count and its own."""
+    clears nothing and keeps, per tenant, the larger of the stored count and its own. One
+    ``shard`` of a run (an id range) clears nothing and adds its counts to those its sibling
+    shards of the same ``run_id`` recorded (the larger, against an earlier run's)."""
     found = {t: n for t, n in by_tenant.items() if n > 0}
     try:
         if not found and not books.table_exists(conn, books.CONFLICTS):
@@ -149,11 +151,11 @@ def record_conflicts_mysql(conn: MySqlConnection, target: str, by_tenant: Mappin
             books.create(conn, books.CONFLICTS)
         database = books.database_of(conn)
         with books.writing(conn, _CONFLICTS_LOCK):
-            if complete:
+            if complete and not shard:
                 books.delete_conflicts(conn, database, target, tenant_scope)
             if tenant_scope is not None:
                 found = {t: n for t, n in found.items() if t == tenant_scope}
-            books.upsert_conflicts(conn, database, target, found, run_id, add_within_run=False)
+            books.upsert_conflicts(conn, database, target, found, run_id, add_within_run=shard)
     except pymysql.err.MySQLError as e:
         role = _role(conn)
         if error_number(e) in books.DENIED:

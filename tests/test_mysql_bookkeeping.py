@@ -140,11 +140,16 @@ def test_conflict_records_keep_completed_and_partial_runs_apart_per_database_and
         assert bookkeeping(mariadb, "conflicts", mysql_database) == [("T", "1", 2)]
         # Another database of the server does not see them.
         assert bookkeeping(mariadb, "conflicts", mysql_database + "_none") == []
+        # Shards of one run add up and clear nothing; against an earlier run's count, the larger.
+        record_conflicts_mysql(my_conn, "T", {"1": 1}, tenant_scope=None, complete=True, run_id="r5", shard=True)
+        assert bookkeeping(mariadb, "conflicts", mysql_database) == [("T", "1", 2)]
+        record_conflicts_mysql(my_conn, "T", {"1": 1, "3": 1}, tenant_scope=None, complete=True, run_id="r5",
+                               shard=True)
+        assert bookkeeping(mariadb, "conflicts", mysql_database) == [("T", "1", 3), ("T", "3", 1)]
         record_conflicts_mysql(my_conn, "T", {}, tenant_scope=None, complete=True, run_id="r4")
         assert last_conflicts_mysql(my_conn, "T") == 0
     finally:
-        query_conn = my_conn
-        with query_conn.cursor() as cur:
+        with my_conn.cursor() as cur:
             cur.execute("DELETE FROM pinrotate.conflicts WHERE database_name = %s", (mysql_database,))
 
 
