@@ -364,7 +364,7 @@ def cmd_inventory(ns: argparse.Namespace) -> int:
            else rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant))
     d = inv.as_dict()
     if ns.discover:
-        sweep = discover(settings).as_dict()
+        sweep = (cli_mysql.discover(settings) if on_mysql(settings) else discover(settings)).as_dict()
         d["discovered"] = sweep.pop("discovered")
         d["discovery"] = sweep
     emit(ns, d, inventory_report(d, deep=ns.deep))

@@ -8,8 +8,8 @@ import argparse
 
 from flows.reports import emit, run_report
 from pinrotate_core.config import Settings
+from pinrotate_core.gate.discover import Discovery
 from pinrotate_core.inventory import Inventory
-from pinrotate_core.mysql_commands import refuse_unwired
 
 
 def run(ns: argparse.Namespace, settings: Settings) -> int:
@@ -23,11 +23,16 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
 
 
 def inventory(ns: argparse.Namespace, settings: Settings) -> Inventory:
-    if ns.discover:
-        refuse_unwired(settings, "inventory --discover")
     from pinrotate_core.mysql_inventory import mysql_inventory
 
     return mysql_inventory(settings, deep=ns.deep, tenant=ns.tenant)
+
+
+def discover(settings: Settings) -> Discovery:
+    """``inventory --discover``: the gate's sweep of the server, in a snapshot of its own."""
+    from pinrotate_core.mysql_sweep import discover_mysql
+
+    return discover_mysql(settings)
 
 
 def grants(ns: argparse.Namespace, settings: Settings) -> list[str]:

@@ -9,21 +9,23 @@ from flows.reports import emit
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.mysql_commands import on_mysql, refuse_unwired
+from pinrotate_core.mysql_commands import on_mysql, reach
 
 
 def cmd_seed(ns: argparse.Namespace, settings: Settings) -> int:
+    from pinrotate_core.mysql_seed import seed_pin_profile_mysql
     from pinrotate_core.providers import build_provider
     from pinrotate_core.samples import seed_database
 
-    if on_mysql(settings) and ns.preset != "forge":
-        refuse_unwired(settings, f"seed --preset {ns.preset}")
     if ns.preset == "forge":
         return _seed_forge(ns, settings)
+    if on_mysql(settings):
+        reach(settings)  # an unreachable server is exit 4 before a keyring file is created
     # Seeding writes under the current key, so a file keyring that does not exist yet is created
     # here, as on a run's first start (never by a read: inventory, gate, keys list).
     keyring = build_provider(settings, create_keyring=True).load_keyring()
-    summary = seed_database(settings, keyring, rows=ns.rows, key_id=ns.key)
+    seed = seed_pin_profile_mysql if on_mysql(settings) else seed_database  # MySQL: examples/pin-profile-mysql.sql
+    summary = seed(settings, keyring, rows=ns.rows, key_id=ns.key)
     doc = {"sample": "pin-profile", "key": summary.key_id, "rows": summary.total_rows, "tables": summary.counts,
            "drafts": summary.drafts}
     human = (f"seeded {summary.total_rows} rows of the Pin profile sample under key {summary.key_id} "

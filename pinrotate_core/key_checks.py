@@ -161,7 +161,7 @@ def confirm_key_identity(engine: sa.Engine | None, settings: Settings, keyring: 
                     "SELECT key_id, check_value, algorithm, recorded_at, recorded_by FROM {} "
                     "WHERE keyring = %s AND key_id = ANY(%s)").format(_TABLE),
                     (checks[0].keyring, [c.key_id for c in checks])).fetchall()
-                identity = _compare(checks, {str(r[0]): r[1:] for r in rows}, by)
+                identity = compare_recorded(checks, {str(r[0]): r[1:] for r in rows}, by)
                 identity.recorded_now = [c.key_id for c in checks if c.key_id in mine]
         except KeyIdentityMismatch:
             raise
@@ -188,7 +188,9 @@ def _engine(engine: sa.Engine | None) -> sa.Engine:
     return engine
 
 
-def _compare(checks: Sequence[KeyCheck], recorded: Mapping[str, Sequence[Any]], by: str) -> KeyIdentity:
+def compare_recorded(checks: Sequence[KeyCheck], recorded: Mapping[str, Sequence[Any]], by: str) -> KeyIdentity:
+    """``checks`` against what is recorded (key id -> (check value, algorithm, recorded_at, recorded_by)),
+    on any engine: ``KeyIdentityMismatch`` (exit 2) for the first id whose value or algorithm differs."""
     identity = KeyIdentity()
     for check in checks:
         row = recorded.get(check.key_id)

@@ -3,7 +3,9 @@
 The look: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``; inside it the deep inventory
 of every configured target with no tenant filter (``mysql_inventory``) and the sweep of every
 database the role can read (``mysql_sweep``); the verdict by ``verdict.evaluate_gate`` with the
-same categories as on PostgreSQL. The transactions in flight are read in the snapshot too (after
+same categories as on PostgreSQL (CONFLICT from ``pinrotate.conflicts``). Before the look, the
+keyring is compared with the key check values runs recorded in ``pinrotate.key_checks`` (other
+material under a recorded key id: exit 2). The transactions in flight are read in the snapshot too (after
 ``INNODB_TRX_CACHE_S``, so that one that had written before the snapshot is listed).
 
 An open verdict is settled before it is given: prepared XA transactions close it (PREPARED); the
@@ -31,7 +33,9 @@ from .gate.retire import slice_of
 from .gate.settle import apply_settled
 from .gate.settle_result import SettleResult, named
 from .gate.verdict import GateReport, check_retire_key, evaluate_gate
+from .key_checks import KeyIdentity
 from .keyring import Keyring
+from .mysql_bookkeeping import confirm_key_identity_mysql
 from .mysql_inventory import inventory_on_mysql, take_mysql_inventory
 from .mysql_sweep import sweep_mysql
 from .providers import build_provider
@@ -137,6 +141,9 @@ def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None
             shown = take_mysql_inventory(engine, settings, keyring, tenant=tenant, provider=provider)
             part = slice_of(evaluate_gate(shown, key), tenant=tenant, targets=None)
         with mysql_connect.raw_connection(engine) as conn:
+            # Before the look: a keyring with other material under a recorded key id is refused (exit 2).
+            identity: KeyIdentity = confirm_key_identity_mysql(conn, settings, keyring, provider, record=False)
+
             def look() -> tuple[GateReport, list[OpenTransaction], list[str]]:
                 return _look(conn, settings, keyring, key, deep=deep, erase_excluded=erase_excluded,
                              provider=provider)
@@ -149,9 +156,7 @@ def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None
         engine.dispose()
     report.slice = part
     report.keyring_source = keyring.source
-    report.key_identity = {"recorded": False, "table": "pinrotate.key_checks",
-                           "note": "key check values are not recorded on MySQL / MariaDB yet: this keyring's "
-                                   "material was not compared with what runs used"}
+    report.key_identity = identity.about(key)
     report.scope = {"all_tenants": True, "targets": [t.name for t in settings.targets], "deep": deep,
                     "filter": {"tenant": tenant}, "erase_excluded": erase_excluded, "one_snapshot": True}
     return report

@@ -5,7 +5,8 @@ client; pinrotate runs none of them.
 The server is read (never written) for two facts the statements depend on: its flavour (an
 auditor's privileges are named differently on MariaDB and MySQL 8) and each target's
 ``ON UPDATE CURRENT_TIMESTAMP`` columns, which a run keeps by setting them to themselves and
-therefore needs UPDATE on.
+therefore needs UPDATE on. First, the DDL of pinrotate's own ``pinrotate`` database (key check
+values and CONFLICT counts) for the owner to run ahead, then the rotation role's rights on it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .config import Settings
 from .db import database_url, make_engine
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.catalog import CATALOG
-from .engines.mysql.grants import account, auditor_grants, rotation_grants
+from .engines.mysql.grants import account, auditor_grants, bookkeeping_ddl, bookkeeping_grants, rotation_grants
 from .errors import ConfigError
 from .forge_discovery import with_forge_targets
 from .targets import read_columns
@@ -33,9 +34,11 @@ def mysql_grant_statements(settings: Settings, role: str, *, read_only: bool = F
         settings = with_forge_targets(settings, engine)  # Forge's own tables too, as every command sees them
         with mysql_connect.raw_connection(engine) as conn:
             flavour = mysql_connect.server_info(conn).flavour
+            # pinrotate's own bookkeeping (pinrotate.conflicts, pinrotate.key_checks), created ahead by
+            # the owner as on PostgreSQL; an auditor reads it with its SELECT on *.*.
+            out: list[str] = bookkeeping_ddl()
             if read_only:
-                return [_as_printed(s) for s in auditor_grants(grantee, flavour)]
-            out: list[str] = []
+                return [_as_printed(s) for s in [*out, *auditor_grants(grantee, flavour)]]
             for t in settings.targets:
                 found = CATALOG.read_table(conn, t.schema_name, t.table_name)
                 if found is None:
@@ -43,6 +46,7 @@ def mysql_grant_statements(settings: Settings, role: str, *, read_only: bool = F
                 kept = [c.name for c in found.auto_updated]  # ON UPDATE CURRENT_TIMESTAMP, set to itself
                 written = [*t.columns, *([t.key_version] if t.key_version else []), *kept]
                 out += rotation_grants(found.schema, found.table, [*read_columns(t), *kept], written, grantee)
+            out += bookkeeping_grants(grantee)
             return [_as_printed(s) for s in out]
     finally:
         engine.dispose()

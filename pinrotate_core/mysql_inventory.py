@@ -6,13 +6,16 @@ each value classified (and with ``deep`` decrypted) by the same scheme as on Pos
 inventory reads one consistent snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``).
 Counts and locations only, never a value; nothing is written.
 
+CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``mysql_bookkeeping``);
+a table the role may not read blocks the target.
+
 Not counted in the database as on PostgreSQL (where a scheme can name a row's key in SQL): every
 row is read, which costs time, not correctness.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -20,6 +23,7 @@ import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
 from .config import Settings, TargetSettings
+from .conflicts import StateError
 from .db import database_url, make_engine
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
@@ -29,9 +33,11 @@ from .errors import DatabaseError
 from .forge_discovery import with_forge_targets
 from .inventory import Inventory, TargetInventory, bind_for_inventory
 from .keyring import Keyring
+from .mysql_bookkeeping import last_conflicts_mysql
 from .mysql_targets import resolve_mysql_target
 from .providers import build_provider
 from .schemes.base import LEGACY_KEY, InventoryFacts, Scheme
+from .schemes.transit import TransitScheme, transit_version_or_none
 from .scope import check_tenant_scope
 from .scope_text import exclusion_rule, scope_condition
 
@@ -114,8 +120,20 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
     # holds a value is UNKNOWN, not EXCLUDED: what it is under cannot be told (inventory.py).
     keyed_rows = scheme.value_keys_sql(ALIAS) is not None
     n_cols = len(target.columns)
+    facts = counted_facts(scheme)
+    if facts is None:
+        # Counted in SQL by the scheme on PostgreSQL, and not known here: closed rather than guessed.
+        inv.block(f"format {t.format}: its inventory facts are not available on MySQL / MariaDB yet (issue 32)")
+        return inv
+    if isinstance(scheme, InventoryFacts):
+        inv.extra.update(scheme.inventory_facts())
+    inv.extra.update(dict.fromkeys(facts, 0))
     for row in _stream(conn, f"SELECT {rule}, {', '.join(read_list(scheme))} FROM {rel}"):
         excluded_by, values = row[0], row[1:]
+        if excluded_by is None:
+            for fact, holds in facts.items():
+                if holds(values):
+                    inv.extra[fact] += 1
         for value, failed in scheme.inspect(values, deep and excluded_by is None):
             if excluded_by is not None and keyed_rows and value.key is None \
                     and any(v is not None for v in values[-n_cols:]):
@@ -126,14 +144,38 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
             if failed:
                 inv.add("FAILED")
                 inv.failed_by_key[value.key or LEGACY_KEY] = inv.failed_by_key.get(value.key or LEGACY_KEY, 0) + 1
-    if isinstance(scheme, InventoryFacts):
-        # Counted in SQL by the scheme (PostgreSQL's): not on MySQL yet. Closed rather than guessed.
-        inv.block(f"format {t.format}: its inventory facts are not available on MySQL / MariaDB yet (issue 32)")
-        return inv
+    if scheme.guard == "cas":  # fpc1: what the last runs recorded in pinrotate.conflicts
+        try:
+            inv.counts["CONFLICT"] = last_conflicts_mysql(conn, t.name, tenant=tenant)
+        except StateError as e:
+            inv.block(str(e))  # fail closed: conflicts we cannot read might exist
+            return inv
     reason = capacity_blocker(conn, scheme, tenant)
     if reason is not None:
         inv.block(reason)
     return inv
+
+
+def counted_facts(scheme: Scheme) -> dict[str, Callable[[Sequence[Any]], bool]] | None:
+    """The facts a scheme counts over the in-scope rows (``InventoryFacts.counted_facts``, SQL on
+    PostgreSQL), as tests of one row read by ``read_list`` (key version, values...); None when a
+    fact is not known here (the target is then BLOCKED, never reported without it)."""
+    if not isinstance(scheme, InventoryFacts):
+        return {}
+    wanted = set(scheme.counted_facts(ALIAS))
+    known: dict[str, Callable[[Sequence[Any]], bool]] = {}
+    if isinstance(scheme, TransitScheme):
+        current = scheme.current
+
+        def behind_key_version(row: Sequence[Any]) -> bool:
+            """Its key-version column says current while a value is older: the drain would not take it."""
+            versions = [v for v in (transit_version_or_none(x) for x in row[1:]) if v is not None]
+            return row[0] is not None and int(row[0]) >= current and bool(versions) and min(versions) < current
+
+        known["transit_rows_behind_key_version"] = behind_key_version
+    if not wanted <= set(known):
+        return None
+    return {name: known[name] for name in sorted(wanted)}
 
 
 def capacity_blocker(conn: MySqlConnection, scheme: Scheme, tenant: str | None = None) -> str | None:

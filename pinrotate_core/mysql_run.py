@@ -1,5 +1,7 @@
 """``run`` (and ``--dry-run``) on MySQL / MariaDB (contract §5), every scheme the room can write
-by compare-and-swap (there is no ``xmin``): ``aesgcm`` and ``fpc1``.
+by compare-and-swap (there is no ``xmin``): ``aesgcm``, ``fpc1`` and ``vault-transit`` (its
+values rewrapped by Transit in the plan, outside the batch's transaction; a value the application
+changed meanwhile is left for the next run, as on PostgreSQL).
 
 Per target, in id order (keyset batches of ``job.batch_size`` in-scope rows, read without locks),
 the scheme plans each batch (every new value verified by decrypting it before it is planned); the
@@ -12,10 +14,13 @@ difference rolls the batch back and stops the target, exit 4). ``fpc1`` first de
 in-scope value once (the pre-pass of ``drain.fpc1_precheck``): a key any value of which fails is
 held back for the whole run. ``job.single_instance`` takes ``GET_LOCK`` (server-wide).
 
-Not yet on MySQL (said in the report's notes): CONFLICTs are not recorded in a ``pinrotate``
-database (the gate reads the values themselves again), key check values are not recorded, the run
-does not go through the Prefect flow, no throttle, no parallel workers, and the report's gate
-section says to run ``gate --retire``.
+Before anything is written, each key's check value is compared with the one recorded in
+``pinrotate.key_checks`` (recorded where none is; a dry run only compares): other material under a
+recorded key id is refused, exit 2. After each ``fpc1`` target, its CONFLICTs are recorded in
+``pinrotate.conflicts`` for the gate (``mysql_bookkeeping``; a failure to record is exit 4).
+
+Not yet on MySQL (said in the report's notes): the run does not go through the Prefect flow, no
+throttle, no parallel workers, and the report's gate section says to run ``gate --retire``.
 """
 
 from __future__ import annotations
@@ -28,30 +33,40 @@ from typing import Any
 import pymysql
 
 from .config import Settings, TargetSettings
+from .conflicts import StateError
 from .db import database_url, make_engine
 from .drain.fpc1_precheck import HoldsFailingKeys
-from .drain.results import STOP_DB_ERROR, DrainResult
+from .drain.results import STOP_DB_ERROR, STOP_DEADLINE, DrainResult
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
 from .engines.mysql.operations import OPERATIONS as ops
 from .engines.mysql.signals import ADVISORY_LOCK
-from .errors import ConfigError, DatabaseError, TargetBlocked
+from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .gate.verdict import held_keys
 from .keyring import Keyring
+from .mysql_bookkeeping import (
+    confirm_key_identity_mysql,
+    ensure_conflicts_table_mysql,
+    record_drain_conflicts,
+    tenant_key,
+)
 from .mysql_inventory import capacity_blocker, inventory_target, read_list
 from .mysql_targets import read_table, resolve_mysql_target
 from .rotation import LOCK_NAME, RunReport, apply_key_policy, check_start, open_run
 from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from .schemes.registry import build_scheme
+from .schemes.transit import PREFIX as TRANSIT_PREFIX
+from .schemes.transit import TRANSIT_VALUE_PATTERN
 from .scope_text import scope_condition
 
 ALIAS = "t"
 GATE_NOT_DECIDED = ("not decided by a run on MySQL / MariaDB yet: run gate --retire KEY (one snapshot of the "
                     "whole server) before destroying it")
-WRITABLE = ("aesgcm", "fpc1")
-NOT_RECORDED = ("on MySQL / MariaDB this run records no CONFLICT or key check value in a pinrotate database, "
-                "and runs without the Prefect flow, throttle or parallel workers (issue 32)")
+WRITABLE = ("aesgcm", "fpc1", "vault-transit")
+# Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.
+NO_VERSION = 99_999_999_999
+NOT_RECORDED = "on MySQL / MariaDB this run runs without the Prefect flow, throttle or parallel workers (issue 32)"
 
 
 def mysql_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
@@ -67,6 +82,15 @@ def mysql_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: 
         started = time.monotonic()
         with mysql_connect.raw_connection(engine) as conn:
             schemes = _resolve_all(conn, ctx.settings, ctx.targets, keyring, ctx.provider, tenant=tenant)
+            # Before anything is written (and once no target refuses the start): each key id is the key
+            # recorded for it, recorded where nothing is (a dry run only compares).
+            confirm_key_identity_mysql(conn, ctx.settings, keyring, ctx.provider, record=not dry_run,
+                                       run_id=report.run_id)
+            if not dry_run and any(s.guard == "cas" for s in schemes.values()):
+                try:  # where the run records its CONFLICTs for the gate, made before the first write
+                    ensure_conflicts_table_mysql(conn)
+                except StateError as e:
+                    raise RefusedToStart(f"{e}; nothing was touched") from None
             with ADVISORY_LOCK.held(conn, LOCK_NAME) as held:
                 if ctx.settings.job.single_instance and not held:
                     report.skipped = f"another run holds the lock {LOCK_NAME}"
@@ -74,6 +98,9 @@ def mysql_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: 
                 for t in ctx.targets:
                     report.targets[t.name] = drain_target(conn, ctx.settings, schemes[t.name], keyring,
                                                           dry_run=dry_run, tenant=tenant, started=started)
+                    if not dry_run:  # fpc1: its CONFLICTs, for every later inventory and gate
+                        record_drain_conflicts(conn, schemes[t.name], report.targets[t.name], tenant=tenant,
+                                               run_id=report.run_id)
         # Never more open than gate --retire: not decided here, so closed, saying why.
         report.gate = {key: {"open": False, "blocking": {}, "reason": GATE_NOT_DECIDED}
                        for key in held_keys(keyring) if key != keyring.current}
@@ -106,15 +133,37 @@ def _resolve_all(conn: MySqlConnection, settings: Settings, targets: Sequence[Ta
 
 
 def stale_where(scheme: Scheme, tenant: str | None) -> str:
-    """The rows a run may write: in scope and, where the row names its key (``aesgcm``), on an
-    older one (``<``: never a row on a newer key, never a NULL version), as the scheme's
-    ``stale_condition`` says on PostgreSQL. ``fpc1`` values are decided one by one by the plan."""
+    """The rows a run may write: in scope and, where the row names its key (``aesgcm``, and
+    ``vault-transit`` with a key-version column), on an older one (``<``: never a row on a newer
+    key, never a NULL version), as the scheme's ``stale_condition`` says on PostgreSQL;
+    ``vault-transit`` without one: the lowest ``vault:v<N>:`` version among the row's values.
+    ``fpc1`` values are decided one by one by the plan."""
     t = scheme.target.settings
     kv = scheme.target.key_version
     scope = scope_condition(t, tenant, ops, ALIAS)
-    if t.format == "fpc1" or kv is None:
+    if t.format == "fpc1":
         return scope
-    return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
+    if kv is not None:
+        return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
+    if t.format == "vault-transit":
+        return f"({scope} AND {transit_lowest_version(scheme)} < {int(scheme.current_key)})"
+    return scope
+
+
+def transit_version(column: str) -> str:
+    """The version ``N`` a stored value names when the whole value is ``vault:v<N>:<base64>``
+    (``TRANSIT_VALUE_PATTERN``, exact bytes), else NULL: ``transit.version_sql`` in MySQL."""
+    col = ops.column(column, ALIAS)
+    return (f"(CASE WHEN {ops.regex_match(col, ops.text_literal(TRANSIT_VALUE_PATTERN))}"
+            f" THEN CAST(SUBSTRING_INDEX(SUBSTRING({ops.text_of(col)}, {len(TRANSIT_PREFIX) + 1}), ':', 1)"
+            " AS UNSIGNED) END)")
+
+
+def transit_lowest_version(scheme: Scheme) -> str:
+    """The lowest version among a row's values; ``NO_VERSION`` when none is a Transit value (MySQL's
+    LEAST is NULL as soon as one argument is, where PostgreSQL's skips NULLs)."""
+    parts = [f"COALESCE({transit_version(c.name)}, {NO_VERSION})" for c in scheme.target.columns]
+    return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
 
 
 def _select(scheme: Scheme, tenant: str | None, lo: Any, size: int) -> tuple[str, tuple[Any, ...]]:
@@ -203,12 +252,16 @@ def drain_target(conn: MySqlConnection, settings: Settings, scheme: Scheme, keyr
             result.batches += 1
             result.reencrypted += sum(weight[i] for i in outcome.written)
             if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
-                result.conflicts += len(outcome.changed)
+                for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
+                    by = tenant_key(read[row_id][1])
+                    result.conflicts += weight[row_id]
+                    result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
             # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
             if settings.job.inter_batch_delay:
                 time.sleep(settings.job.inter_batch_delay)
             if time.monotonic() - started > settings.job.max_run_duration:
                 result.notes.append("stopped at job.max_run_duration; the next run resumes")
+                result.stopped = STOP_DEADLINE  # saw part of the target: clears no earlier CONFLICT
                 break
     except _Mismatch as e:
         result.stopped, result.error = STOP_DB_ERROR, (f"{e.rows} row(s) read back differently from what was "

@@ -13,7 +13,8 @@ what ``[gate] discover_skip`` vouches for, is read completely:
 Fail closed: a column the role cannot read is UNREADABLE; a table outside the snapshot (MyISAM,
 Aria, MEMORY), the values outside a target's ``json_paths`` (not searched on MySQL yet) and, when
 the role lacks a global SELECT, the tables ``information_schema`` hides from it are UNSWEPT; a table
-that fails to read is UNREADABLE. Counts and names only, never a value.
+that fails to read is UNREADABLE. Counts and names only, never a value. ``inventory --discover``
+runs the same sweep in a snapshot of its own (``discover_mysql``).
 """
 
 from __future__ import annotations
@@ -26,15 +27,19 @@ from fnmatch import fnmatchcase
 from itertools import groupby
 
 from .config import Settings
+from .db import database_url, make_engine
 from .engines.base.checks import CandidateColumn
+from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.gate import GATE_CHECKS
 from .engines.mysql.sweep import stream_values
 from .errors import DatabaseError
+from .forge_discovery import with_forge_targets
 from .gate.discover import Discovery
 from .gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find
 from .gate.sweep_trial import TOKEN, TrialKeys
 from .keyring import Keyring
+from .providers import build_provider
 
 _TOKENS = re.compile(TOKEN.encode("ascii"))
 
@@ -98,6 +103,19 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
         out.columns += len(columns)
     out.seconds = time.monotonic() - started
     return out
+
+
+def discover_mysql(settings: Settings) -> Discovery:
+    """``inventory --discover`` on MySQL / MariaDB: the gate's sweep, in a consistent snapshot of
+    its own, with every key of the configured keyring (``gate.discover.discover`` on PostgreSQL)."""
+    keyring = build_provider(settings).load_keyring()
+    engine = make_engine(database_url(settings), pool_size=1)
+    try:
+        settings = with_forge_targets(settings, engine)  # Forge's own tables are targets, not finds
+        with mysql_connect.raw_connection(engine) as conn, GATE_CHECKS.snapshot(conn):
+            return sweep_mysql(conn, settings, keyring)
+    finally:
+        engine.dispose()
 
 
 def _table_finds(conn: MySqlConnection, columns: list[CandidateColumn], marker: str, pattern: re.Pattern[str],

@@ -67,6 +67,10 @@ class MariaDbServer:
     def drop_database(self, name: str) -> None:
         with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            # pinrotate's records about it (the server's pinrotate database outlives it).
+            for table in ("key_checks", "conflicts"):
+                with contextlib.suppress(pymysql.err.ProgrammingError):
+                    cur.execute(f"DELETE FROM pinrotate.{table} WHERE database_name = %s", (name,))
         self.created.discard(name)
 
     @contextlib.contextmanager

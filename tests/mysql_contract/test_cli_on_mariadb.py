@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,10 +118,30 @@ def test_grants_on_a_mysql_configuration_prints_statements_a_dba_can_run_and_run
         assert _wide_updates(mariadb, grantee[role], mysql_database) == []
         assert not any("UPDATE" in p for p in _column_privileges(mariadb, grantee[auditor], mysql_database).values())
         assert _wide_updates(mariadb, grantee[auditor], mysql_database) == []
+        # pinrotate's own bookkeeping (the pinrotate database): conflicts replaced run by run, a key's
+        # check value only ever added; the auditor reads it with its SELECT on *.*.
+        with connect(mariadb, None) as conn:
+            books = set(query(conn, "SELECT TABLE_NAME, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES"
+                                    " WHERE GRANTEE = %s AND TABLE_SCHEMA = 'pinrotate'", (grantee[role],)))
+        assert books == {*(("conflicts", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
+                         ("key_checks", "SELECT"), ("key_checks", "INSERT")}, books
+
+        # The role, with exactly what was printed, runs the rotation and records its key checks.
+        as_role = write_toml(tmp_path / "as-role.toml", {
+            **tomllib.loads(pin.config().read_text(encoding="utf-8")),
+            "database": {"url": f"mysql://{role}@{mariadb.host}:{mariadb.port}/{mysql_database}"}})
+        code, doc, err = rotate("run", "--config", str(as_role), "--json")
+        assert code == 0, err
+        assert all(r["backlog_remaining"] == 0 for r in doc["targets"].values()), doc
+        with connect(mariadb, None) as conn:
+            recorded = query(conn, "SELECT key_id FROM pinrotate.key_checks WHERE database_name = %s",
+                             (mysql_database,))
+        assert {str(k) for k in pin.keys} <= {str(r[0]) for r in recorded}
     finally:
         with connect(mariadb, None) as root, root.cursor() as cur:
             for name in (role, auditor):
                 cur.execute(f"DROP USER IF EXISTS '{name}'@'%'")
+            cur.execute("DELETE FROM pinrotate.key_checks WHERE database_name = %s", (mysql_database,))
 
 
 def _table_select(server: MariaDbServer, grantee: str, database: str, table: str) -> bool:

@@ -16,8 +16,9 @@ import pytest
 from tests.mariadb_server import MariaDbServer
 
 from .codecs import forge_fpc1
+from .forge_data import install_forge
 from .pin_data import PERSON_CIPHERS, SEEDED_AT, install_pin, person_plaintexts
-from .support import application, connect, file_keyring, one_line_error, rotate, write_toml
+from .support import application, connect, file_keyring, one_line_error, query, rotate, write_toml
 
 # Every test here asks a gate, which sweeps every database of the server and waits for every
 # transaction in flight on it: it holds the server alone (tests/conftest.py, Parallel runs).
@@ -168,3 +169,30 @@ def test_a_value_under_the_old_key_in_another_database_of_the_server_keeps_the_g
             cur.execute("UPDATE stash SET note = NULL WHERE id = 1")
         code, doc = gate(cfg, old)
         assert code == 0 and positive(doc["blocking"]) == {}
+
+
+@pytest.mark.server_wide  # the sweep reads every database of the server (tests/conftest.py, Parallel runs)
+def test_inventory_discover_on_mariadb_lists_ciphertexts_outside_the_targets(
+        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path) -> None:
+    forge = install_forge(mariadb, mysql_database, tmp_path)
+    old_value = next(v for v in forge.values if v.kind == "old" and v.table == "ai_report_data_connection")
+    active_value = next(v for v in forge.values if v.kind == "active")
+    with connect(mariadb, mysql_database) as conn:
+        # A copy the application made: one value under the old key, one under the active one, and
+        # one inside free text; a MyISAM table outside any snapshot.
+        query(conn, "CREATE TABLE conn_backup (id INT PRIMARY KEY, pw VARCHAR(500), note TEXT) ENGINE=InnoDB")
+        query(conn, "INSERT INTO conn_backup VALUES (1, %s, NULL), (2, %s, %s)",
+              (old_value.stored, active_value.stored, f"copied from {old_value.stored} by hand"))
+        query(conn, "CREATE TABLE cache_myisam (id INT PRIMARY KEY, v TEXT) ENGINE=MyISAM")
+    before = forge.snapshot()
+    code, doc, err = rotate("inventory", "--discover", "--config", str(forge.config), "--json")
+    assert code == 0, err
+    mine = {f["column"]: f["by_key"] for f in doc["discovered"] if f["column"].startswith(f"{mysql_database}.")}
+    assert mine == {f"{mysql_database}.conn_backup.pw": {forge.old: 1, forge.active: 1},
+                    f"{mysql_database}.conn_backup.note": {forge.old: 1}}, doc["discovered"]
+    assert f"{mysql_database}.cache_myisam" in doc["discovery"]["unswept"], doc["discovery"]
+    # The configured (and discovered Forge) targets are counted by the inventory, not listed as finds.
+    assert doc["targets"]["DataConnection"]["HISTORICAL"] == forge.counts("DataConnection")["HISTORICAL"]
+    assert forge.snapshot() == before
+    for secret in (old_value.stored, active_value.stored):
+        assert secret not in err and secret not in str(doc)

@@ -13,11 +13,14 @@ import pymysql
 
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
+from .bookkeeping import DATABASE as BOOKKEEPING_DATABASE
 from .connect import MySqlConnection, describe_db_error, error_number
 from .operations import OPERATIONS as ops
 from .replication import replica_status
 
-SYSTEM_SCHEMAS = ("mysql", "sys", "information_schema", "performance_schema")
+# The server's own schemas, and pinrotate's bookkeeping (counts, names and check values: never a
+# ciphertext), as PostgreSQL's sweep skips the pinrotate schema.
+SYSTEM_SCHEMAS = ("mysql", "sys", "information_schema", "performance_schema", BOOKKEEPING_DATABASE)
 TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json")
 BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")
 # Storage engines whose rows a consistent snapshot covers (and that roll back).

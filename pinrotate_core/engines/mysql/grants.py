@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import bookkeeping as books
 from .operations import OPERATIONS as ops
 
 
@@ -33,3 +34,16 @@ def auditor_grants(grantee: str, flavour: str) -> list[str]:
     if flavour == "mariadb":
         return [f"GRANT SELECT, PROCESS, SLAVE MONITOR ON *.* TO {grantee}"]
     return [f"GRANT SELECT, PROCESS, REPLICATION CLIENT, XA_RECOVER_ADMIN ON *.* TO {grantee}"]
+
+
+def bookkeeping_ddl() -> list[str]:
+    """pinrotate's own ``pinrotate`` database and tables, for the owner to create ahead (then no
+    role of pinrotate needs CREATE)."""
+    return [books.CREATE_DATABASE, books.CREATE_TABLES[books.CONFLICTS], books.CREATE_TABLES[books.KEY_CHECKS]]
+
+
+def bookkeeping_grants(grantee: str) -> list[str]:
+    """A rotation role's rights on the bookkeeping: CONFLICT counts are replaced run by run
+    (``INSERT ... ON DUPLICATE KEY UPDATE``, ``DELETE``); a key's check value is only ever added."""
+    return [f"GRANT SELECT, INSERT, UPDATE, DELETE ON {ops.relation(books.DATABASE, books.CONFLICTS)} TO {grantee}",
+            f"GRANT SELECT, INSERT ON {ops.relation(books.DATABASE, books.KEY_CHECKS)} TO {grantee}"]
