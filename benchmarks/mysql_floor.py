@@ -11,9 +11,12 @@ end) with a Forge-like table: id, two VARCHAR cipher columns, a key version and 
 
 - ``update``: ``UPDATE t SET key_version = key_version + 1`` over every row (no client at all);
 - ``update_batched``: the same in keyset batches of ``--batch-size`` rows, one transaction each;
-- ``cas``: ``engines/mysql/guard.py`` as the drain will run it: read a batch (keyset, no lock),
-  then in one transaction: lock ``SKIP LOCKED`` and compare under the lock, one UPDATE of new
-  values (the values read, reversed) with the key version and ``update_time`` kept, read back.
+- ``cas``: ``engines/mysql/guard.py`` as the drain runs it: read a batch (keyset, no lock), then
+  in one transaction: lock ``SKIP LOCKED`` (a count), a savepoint, one UPDATE of new values (the
+  values read, reversed) compared with the values read, the key version set and ``update_time``
+  kept, read back and compared in the server;
+- ``cas_union``: the same with the row source every server parses (one ``SELECT`` a row, ``UNION
+  ALL``: MySQL before 8.0.19) instead of the server's ``VALUES`` rows.
 
 Server CPU is read from ``/proc/<mariadbd pid>`` when the server runs on this machine (other
 sessions' work on a shared server counts too); client CPU is this process's.
@@ -106,11 +109,11 @@ def shape_update_batched(conn: MySqlConnection, batch: int) -> int:
             last = ids[-1]
 
 
-def shape_cas(conn: MySqlConnection, batch: int) -> int:
+def shape_cas(conn: MySqlConnection, batch: int, form: str | None = None) -> int:
     table = CATALOG.read_table(conn, None, "persons")
     assert table is not None
     guard = MySqlCasGuard(table, "id", ["first_name_cipher", "last_name_cipher"], key_version="key_version",
-                          stale_where="t.`key_version` < 2")
+                          stale_where="t.`key_version` < 2", form=form)
     done, last = 0, None
     while True:
         rows = guard.read_batch(conn, last, None, batch)
@@ -125,8 +128,12 @@ def shape_cas(conn: MySqlConnection, batch: int) -> int:
         last = rows[-1][0]
 
 
+def shape_cas_union(conn: MySqlConnection, batch: int) -> int:
+    return shape_cas(conn, batch, "union")
+
+
 SHAPES: dict[str, Callable[[MySqlConnection, int], int]] = {
-    "update": shape_update, "update_batched": shape_update_batched, "cas": shape_cas}
+    "update": shape_update, "update_batched": shape_update_batched, "cas": shape_cas, "cas_union": shape_cas_union}
 
 
 def main() -> None:

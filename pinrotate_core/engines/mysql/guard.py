@@ -161,6 +161,8 @@ class MySqlCasGuard:
         width = len(self.columns)
         self._names = ["pinrotate_id", *(f"{p}{i}" for i in range(width) for p in ("o", "n"))]
         self._new_names = ["pinrotate_id", *(f"n{i}" for i in range(width))]
+        # The inlined rows: (id, old values, new values), which the rows are built as most cheaply.
+        self._grouped_names = ["pinrotate_id", *(f"o{i}" for i in range(width)), *self._new_names[1:]]
         # Fixed texts of the statements run without parameters: a doubled % turned back into one.
         self._id_sql = self.id % ()
         self._lock_from = f"FROM {self.rel_t} WHERE t.{self.id} IN (" % ()
@@ -325,19 +327,20 @@ class MySqlCasGuard:
             return {r[0] for r in cur.fetchall()}
 
     def _sources(self, conn: MySqlConnection, form: str, rows: Sequence[CasRow]) -> tuple[str, str]:
-        """The rows as two row sources: for the UPDATE (id, then old and new of each column) and for
-        the read-back (id, then each new value; the old ones would only cost the server parsing)."""
+        """The rows as two row sources: for the UPDATE (id, the old values, the new values) and for
+        the read-back (id, the new values; the old ones would only cost the server parsing)."""
         full, new_only = [], []
         width = len(self.columns)
         for r in rows:
-            if len(r.old) != width or len(r.new) != width:
-                raise ValueError(f"row {r.row_id!r}: {width} old and new values are needed")
+            old, new = r.old, r.new
+            if len(old) != width or len(new) != width:
+                raise ValueError(f"row {r.row_id!r}: {width} old and {width} new values are needed")
             row_id = _id_literal(conn, r.row_id)
-            news = [_literal(conn, v) for v in r.new]
-            pairs = [f"{_literal(conn, o)}, {n}" for o, n in zip(r.old, news, strict=True)]
-            full.append(", ".join([row_id, *pairs]))
-            new_only.append(", ".join([row_id, *news]))
-        return row_source(form, self._names, full), row_source(form, self._new_names, new_only)
+            olds = ", ".join([_literal(conn, v) for v in old])
+            news = ", ".join([_literal(conn, v) for v in new])
+            full.append(f"{row_id}, {olds}, {news}")
+            new_only.append(f"{row_id}, {news}")
+        return row_source(form, self._grouped_names, full), row_source(form, self._new_names, new_only)
 
     def read_back(self, conn: MySqlConnection, ids: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
         """What the server stored for ``ids`` (the written columns, then the key version), read in
