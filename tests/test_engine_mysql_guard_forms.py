@@ -187,3 +187,16 @@ def test_the_counting_lock_holds_every_row_it_counts(my_conn: MySqlConnection, a
         assert persons._lock(my_conn, rows) is None
         with pytest.raises(pymysql.err.OperationalError, match="1205"):
             run(app_conn, "SELECT id FROM persons WHERE id = 2 FOR UPDATE NOWAIT")
+
+
+def test_the_counting_lock_locks_too_when_mariadb_turns_a_long_id_list_into_a_join(
+        my_conn: MySqlConnection, app_conn: MySqlConnection, persons: MySqlCasGuard) -> None:
+    """From 1,000 values on (``in_predicate_conversion_threshold``) MariaDB reads ``IN (...)`` as a
+    join with a table of the values: the rows it counts are still locked, a held one still skipped."""
+    run(app_conn, "SELECT id FROM persons WHERE id = 5 FOR UPDATE")
+    rows = [CasRow(i, ("x",), ("y",)) for i in range(1, 1201)]  # ids 7.. are gone: not locked, not waited on
+    with batch_transaction(my_conn, 1):
+        assert persons._lock(my_conn, rows) == {1, 2, 3, 4, 6}
+        app_conn.rollback()
+        with pytest.raises(pymysql.err.OperationalError, match="1205"):
+            run(app_conn, "SELECT id FROM persons WHERE id = 6 FOR UPDATE NOWAIT")
