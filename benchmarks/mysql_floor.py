@@ -20,6 +20,11 @@ end) with a Forge-like table: id, two VARCHAR cipher columns, a key version and 
 
 Server CPU is read from ``/proc/<mariadbd pid>`` when the server runs on this machine (other
 sessions' work on a shared server counts too); client CPU is this process's.
+
+``--statements`` also prints, for the ``cas`` shapes, each kind of statement's share: the server's
+CPU around each statement from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, every thread of the
+server: exact on a server of one's own, e.g. ``tests/mariadb_server.start_own_server``) and this
+process's CPU inside ``execute`` (sending, and decoding what comes back).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pymysql
+import pymysql.cursors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -61,6 +67,73 @@ def server_cpu(conn: MySqlConnection) -> Callable[[], float | None]:
         return (int(fields[11]) + int(fields[12])) / tick
 
     return read
+
+
+def server_pid(conn: MySqlConnection) -> int | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@pid_file")
+        row = cur.fetchone()
+    try:
+        return int(Path(str(row[0] if row else "")).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class StatementCosts:
+    """Server and client CPU by kind of statement, while ``active`` (PyMySQL's ``Cursor.execute``
+    wrapped: call ``restore`` at the end)."""
+
+    def __init__(self, pid: int) -> None:
+        self.tasks = Path(f"/proc/{pid}/task")
+        self.server: dict[str, int] = {}
+        self.client: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+        self.active = False
+        self._execute = pymysql.cursors.Cursor.execute
+        costs, execute = self, self._execute
+
+        def wrapped(cur: pymysql.cursors.Cursor, query: str, args: object = None) -> int:
+            if not costs.active:
+                return execute(cur, query, args)
+            kind = costs.kind(query)
+            server0, client0 = costs.server_ns(), time.process_time()
+            result = execute(cur, query, args)
+            costs.client[kind] = costs.client.get(kind, 0.0) + time.process_time() - client0
+            costs.server[kind] = costs.server.get(kind, 0) + costs.server_ns() - server0
+            costs.count[kind] = costs.count.get(kind, 0) + 1
+            return result
+
+        pymysql.cursors.Cursor.execute = wrapped  # type: ignore[assignment,method-assign]
+
+    def restore(self) -> None:
+        pymysql.cursors.Cursor.execute = self._execute  # type: ignore[method-assign]
+
+    def server_ns(self) -> int:
+        total = 0
+        for task in self.tasks.iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+        return total
+
+    @staticmethod
+    def kind(query: str) -> str:
+        words = query.split(None, 3)
+        head = " ".join(words[:2])
+        if query.rstrip().endswith("SKIP LOCKED"):
+            return f"{head} ... FOR UPDATE SKIP LOCKED (lock)"
+        if head.startswith("SELECT COUNT(*)") and "STRAIGHT_JOIN" in query:
+            return "SELECT COUNT(*) ... (read-back)"
+        if "ORDER BY" in query[-80:]:
+            return "SELECT ... ORDER BY id LIMIT (keyset read)"
+        return head[:40]
+
+    def print(self, rows: int) -> None:
+        for kind in sorted(self.server, key=lambda k: -self.server[k]):
+            print(f"  {kind:<46}{self.count[kind]:>6}  server {self.server[kind] / rows / 1e3:6.2f} µs"
+                  f"  client {self.client[kind] / rows * 1e6:6.2f} µs a row")
+        self.server.clear()
+        self.client.clear()
+        self.count.clear()
 
 
 def fill(conn: MySqlConnection, rows: int) -> None:
@@ -143,6 +216,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--statements", action="store_true",
+                        help="also each kind of statement's server and client CPU (the cas shapes)")
     args = parser.parse_args()
     base = args.database_url.rsplit("/", 1)[0]
     name = f"pinrotate_bench_{secrets.token_hex(4)}"
@@ -155,14 +230,25 @@ def main() -> None:
             print(f"server: {server_info(conn).label}; {args.rows:,} rows, batches of {args.batch_size}")
             fill(conn, args.rows)
             cpu = server_cpu(conn)
+            pid = server_pid(conn) if args.statements else None
+            costs = StatementCosts(pid) if pid is not None else None
+            if args.statements and costs is None:
+                print("--statements: the server's process is not readable here (remote server?)")
             print(f"{'shape':<16}{'rows':>10}{'seconds':>10}{'rows/s':>12}{'client CPU/row':>16}{'server CPU/row':>16}")
             for shape in args.shapes.split(","):
                 reset(conn)
                 server0, client0, wall0 = cpu(), time.process_time(), time.perf_counter()
+                if costs is not None:
+                    costs.active = shape.startswith("cas")
                 n = SHAPES[shape](conn, args.batch_size)
                 wall, client, server1 = time.perf_counter() - wall0, time.process_time() - client0, cpu()
                 server = "n/a" if server0 is None or server1 is None else f"{(server1 - server0) / n * 1e6:.1f} µs"
                 print(f"{shape:<16}{n:>10,}{wall:>10.2f}{n / wall:>12,.0f}{client / n * 1e6:>13.1f} µs{server:>16}")
+                if costs is not None and costs.active:
+                    costs.active = False
+                    costs.print(n)
+            if costs is not None:
+                costs.restore()
     finally:
         engine.dispose()
         with contextlib.suppress(pymysql.err.MySQLError), raw_connection(admin) as conn, conn.cursor() as cur:
