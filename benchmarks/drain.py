@@ -432,6 +432,8 @@ def main() -> int:
     ap.add_argument("--processes", type=int, default=0,
                     help="also: this many plain processes at once, each on its own id range (Dask's shards without Dask)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every figure, in turns (default 3)")
+    ap.add_argument("--statements", action="store_true",
+                    help="MySQL / MariaDB: also each kind of statement's server and client CPU in the run")
     ap.add_argument("--trace", action="store_true",
                     help="also: after the untraced rounds, the same drain with tracing on (contract §7), "
                          "exporting over OTLP/HTTP to a collector in this process")

@@ -12,7 +12,9 @@ CURRENT_TIMESTAMP``; a ``file`` keyring with key 2 current. Shapes, each over ev
   read back).
 
 Rows/s, this process's CPU per row and the server's (``/proc/<mariadbd pid>`` when local; other
-sessions' work on a shared server counts too). Prints figures, asserts nothing.
+sessions' work on a shared server counts too); with ``--statements``, each kind of statement's
+share of the run (``mysql_floor.StatementCosts``: exact on a server of one's own). Prints figures,
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import pymysql
 import tomli_w
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from mysql_floor import server_cpu  # type: ignore[import-not-found]
+from mysql_floor import StatementCosts, server_cpu, server_pid  # type: ignore[import-not-found]
 from sqlalchemy.engine import make_url
 
 from pinrotate_core.config import load_settings
@@ -67,6 +69,8 @@ def main_mysql(args: argparse.Namespace) -> int:
         with raw_connection(admin) as conn, conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE {database}")
             cpu = server_cpu(conn)
+            pid = server_pid(conn) if getattr(args, "statements", False) else None
+        costs = StatementCosts(pid) if pid is not None else None
         engine = make_engine(db_url)
         old = AESGCM(keys[1])
         try:
@@ -90,12 +94,19 @@ def main_mysql(args: argparse.Namespace) -> int:
                     fill()
                     settings = load_settings(str(config))
                     s0, c0, t0 = cpu(), time.process_time(), time.perf_counter()
+                    if costs is not None:
+                        costs.active = True
                     report = mysql_run(settings)
                     moved = report.targets["Person"].reencrypted
                     _report(f"pinrotate run ({moved} rows)", moved, time.perf_counter() - t0, time.process_time() - c0,
                             s0, cpu())
+                    if costs is not None:
+                        costs.active = False
+                        costs.print(moved)
         finally:
             engine.dispose()
+            if costs is not None:
+                costs.restore()
     finally:
         with contextlib.suppress(pymysql.err.MySQLError, DatabaseError), raw_connection(admin) as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {database}")

@@ -11,12 +11,20 @@ end) with a Forge-like table: id, two VARCHAR cipher columns, a key version and 
 
 - ``update``: ``UPDATE t SET key_version = key_version + 1`` over every row (no client at all);
 - ``update_batched``: the same in keyset batches of ``--batch-size`` rows, one transaction each;
-- ``cas``: ``engines/mysql/guard.py`` as the drain will run it: read a batch (keyset, no lock),
-  then in one transaction: lock ``SKIP LOCKED`` and compare under the lock, one UPDATE of new
-  values (the values read, reversed) with the key version and ``update_time`` kept, read back.
+- ``cas``: ``engines/mysql/guard.py`` as the drain runs it: read a batch (keyset, no lock), then
+  in one transaction: lock ``SKIP LOCKED`` (a count), a savepoint, one UPDATE of new values (the
+  values read, reversed) compared with the values read, the key version set and ``update_time``
+  kept, read back and compared in the server;
+- ``cas_union``: the same with the row source every server parses (one ``SELECT`` a row, ``UNION
+  ALL``: MySQL before 8.0.19) instead of the server's ``VALUES`` rows.
 
 Server CPU is read from ``/proc/<mariadbd pid>`` when the server runs on this machine (other
 sessions' work on a shared server counts too); client CPU is this process's.
+
+``--statements`` also prints, for the ``cas`` shapes, each kind of statement's share: the server's
+CPU around each statement from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, every thread of the
+server: exact on a server of one's own, e.g. ``tests/mariadb_server.start_own_server``) and this
+process's CPU inside ``execute`` (sending, and decoding what comes back).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pymysql
+import pymysql.cursors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,6 +67,73 @@ def server_cpu(conn: MySqlConnection) -> Callable[[], float | None]:
         return (int(fields[11]) + int(fields[12])) / tick
 
     return read
+
+
+def server_pid(conn: MySqlConnection) -> int | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@pid_file")
+        row = cur.fetchone()
+    try:
+        return int(Path(str(row[0] if row else "")).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class StatementCosts:
+    """Server and client CPU by kind of statement, while ``active`` (PyMySQL's ``Cursor.execute``
+    wrapped: call ``restore`` at the end)."""
+
+    def __init__(self, pid: int) -> None:
+        self.tasks = Path(f"/proc/{pid}/task")
+        self.server: dict[str, int] = {}
+        self.client: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+        self.active = False
+        self._execute = pymysql.cursors.Cursor.execute
+        costs, execute = self, self._execute
+
+        def wrapped(cur: pymysql.cursors.Cursor, query: str, args: object = None) -> int:
+            if not costs.active:
+                return execute(cur, query, args)
+            kind = costs.kind(query)
+            server0, client0 = costs.server_ns(), time.process_time()
+            result = execute(cur, query, args)
+            costs.client[kind] = costs.client.get(kind, 0.0) + time.process_time() - client0
+            costs.server[kind] = costs.server.get(kind, 0) + costs.server_ns() - server0
+            costs.count[kind] = costs.count.get(kind, 0) + 1
+            return result
+
+        pymysql.cursors.Cursor.execute = wrapped  # type: ignore[assignment,method-assign]
+
+    def restore(self) -> None:
+        pymysql.cursors.Cursor.execute = self._execute  # type: ignore[method-assign]
+
+    def server_ns(self) -> int:
+        total = 0
+        for task in self.tasks.iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+        return total
+
+    @staticmethod
+    def kind(query: str) -> str:
+        words = query.split(None, 3)
+        head = " ".join(words[:2])
+        if query.rstrip().endswith("SKIP LOCKED"):
+            return f"{head} ... FOR UPDATE SKIP LOCKED (lock)"
+        if head.startswith("SELECT COUNT(*)") and "STRAIGHT_JOIN" in query:
+            return "SELECT COUNT(*) ... (read-back)"
+        if "ORDER BY" in query[-80:]:
+            return "SELECT ... ORDER BY id LIMIT (keyset read)"
+        return head[:40]
+
+    def print(self, rows: int) -> None:
+        for kind in sorted(self.server, key=lambda k: -self.server[k]):
+            print(f"  {kind:<46}{self.count[kind]:>6}  server {self.server[kind] / rows / 1e3:6.2f} µs"
+                  f"  client {self.client[kind] / rows * 1e6:6.2f} µs a row")
+        self.server.clear()
+        self.client.clear()
+        self.count.clear()
 
 
 def fill(conn: MySqlConnection, rows: int) -> None:
@@ -106,11 +182,11 @@ def shape_update_batched(conn: MySqlConnection, batch: int) -> int:
             last = ids[-1]
 
 
-def shape_cas(conn: MySqlConnection, batch: int) -> int:
+def shape_cas(conn: MySqlConnection, batch: int, form: str | None = None) -> int:
     table = CATALOG.read_table(conn, None, "persons")
     assert table is not None
     guard = MySqlCasGuard(table, "id", ["first_name_cipher", "last_name_cipher"], key_version="key_version",
-                          stale_where="t.`key_version` < 2")
+                          stale_where="t.`key_version` < 2", form=form)
     done, last = 0, None
     while True:
         rows = guard.read_batch(conn, last, None, batch)
@@ -125,8 +201,12 @@ def shape_cas(conn: MySqlConnection, batch: int) -> int:
         last = rows[-1][0]
 
 
+def shape_cas_union(conn: MySqlConnection, batch: int) -> int:
+    return shape_cas(conn, batch, "union")
+
+
 SHAPES: dict[str, Callable[[MySqlConnection, int], int]] = {
-    "update": shape_update, "update_batched": shape_update_batched, "cas": shape_cas}
+    "update": shape_update, "update_batched": shape_update_batched, "cas": shape_cas, "cas_union": shape_cas_union}
 
 
 def main() -> None:
@@ -136,6 +216,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--statements", action="store_true",
+                        help="also each kind of statement's server and client CPU (the cas shapes)")
     args = parser.parse_args()
     base = args.database_url.rsplit("/", 1)[0]
     name = f"pinrotate_bench_{secrets.token_hex(4)}"
@@ -148,14 +230,25 @@ def main() -> None:
             print(f"server: {server_info(conn).label}; {args.rows:,} rows, batches of {args.batch_size}")
             fill(conn, args.rows)
             cpu = server_cpu(conn)
+            pid = server_pid(conn) if args.statements else None
+            costs = StatementCosts(pid) if pid is not None else None
+            if args.statements and costs is None:
+                print("--statements: the server's process is not readable here (remote server?)")
             print(f"{'shape':<16}{'rows':>10}{'seconds':>10}{'rows/s':>12}{'client CPU/row':>16}{'server CPU/row':>16}")
             for shape in args.shapes.split(","):
                 reset(conn)
                 server0, client0, wall0 = cpu(), time.process_time(), time.perf_counter()
+                if costs is not None:
+                    costs.active = shape.startswith("cas")
                 n = SHAPES[shape](conn, args.batch_size)
                 wall, client, server1 = time.perf_counter() - wall0, time.process_time() - client0, cpu()
                 server = "n/a" if server0 is None or server1 is None else f"{(server1 - server0) / n * 1e6:.1f} µs"
                 print(f"{shape:<16}{n:>10,}{wall:>10.2f}{n / wall:>12,.0f}{client / n * 1e6:>13.1f} µs{server:>16}")
+                if costs is not None and costs.active:
+                    costs.active = False
+                    costs.print(n)
+            if costs is not None:
+                costs.restore()
     finally:
         engine.dispose()
         with contextlib.suppress(pymysql.err.MySQLError), raw_connection(admin) as conn, conn.cursor() as cur:
