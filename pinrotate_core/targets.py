@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from .config import TargetSettings
+from .engines.postgresql import catalog as pg_catalog
 from .errors import DatabaseError, TargetBlocked
 
 # Column types any scheme may keep ciphertexts in; each scheme narrows them (e.g. fpc1: no bytea).
@@ -135,7 +136,8 @@ def row_version_columns(by_ctid: bool) -> tuple[str, ...]:
 
 def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
                    writing: bool = True, reads_versions: bool = False) -> ResolvedTarget:
-    """Check ``t`` against the catalog; raise TargetBlocked naming what is wrong.
+    """Check ``t`` against the catalog (the PostgreSQL room's ``catalog`` pieces); raise
+    TargetBlocked naming what is wrong.
 
     ``writing``: a run (UPDATE privilege, a writable connection, triggers it may silence); an
     inventory or a gate asks only what reading needs. ``reads_versions``: the run also reads each
@@ -144,52 +146,20 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     relation = relation_of(t)
     regname = relation.as_string(conn)
     try:
-        row = conn.execute(
-            "SELECT to_regclass(%s)::oid, pg_is_in_recovery(), current_setting('transaction_read_only')",
-            (regname,),
-        ).fetchone()
-        assert row is not None
-        oid, in_recovery, read_only = row
-        if oid is None:
-            raise TargetBlocked(t.name, f"table {t.table} does not exist")
-        if writing and (in_recovery or read_only == "on"):
-            raise TargetBlocked(t.name, "the database connection is read-only")
-        cols: dict[str, Column] = {}
-        unwritable: dict[str, str] = {}  # column -> why no UPDATE may set it
-        for name, sql_type, type_name, char_len, generated, identity in conn.execute(
-                """
-                SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
-                       CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
-                            THEN a.atttypmod - 4 END,
-                       a.attgenerated::text, a.attidentity::text
-                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-                 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
-                """,
-                (oid,),
-        ).fetchall():
-            cols[str(name)] = Column(str(name), str(sql_type), str(type_name),
-                                     char_len if isinstance(char_len, int) else None)
-            if generated:
-                unwritable[str(name)] = "a generated column (GENERATED ALWAYS AS ... STORED)"
-            elif identity == "a":
-                unwritable[str(name)] = "an identity column (GENERATED ALWAYS AS IDENTITY)"
-        kind = conn.execute("SELECT relkind = 'r' AND NOT relhassubclass, relkind = 'r' AND relhassubclass"
-                            " FROM pg_class WHERE oid = %s", (oid,)).fetchone()
-        pk_row = conn.execute(
-            """
-            SELECT array_agg(a.attname::text ORDER BY a.attnum)
-              FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-             WHERE i.indrelid = %s AND i.indisprimary
-            """,
-            (oid,),
-        ).fetchone()
+        found = pg_catalog.table(conn, regname)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
+    if found is None:
+        raise TargetBlocked(t.name, f"table {t.table} does not exist")
+    if writing and (found.in_recovery or found.read_only):
+        raise TargetBlocked(t.name, "the database connection is read-only")
+    oid = found.oid
+    cols = {name: Column(c.name, c.sql_type, c.type_name, c.char_length) for name, c in found.columns.items()}
+    unwritable = found.unwritable  # column -> why no UPDATE may set it
 
-    pk = [str(c) for c in pk_row[0]] if pk_row and isinstance(pk_row[0], list) else []
-    id_column, key_version, cipher_cols = check_shape(t, cols, pk, POSTGRESQL_TYPES)
+    id_column, key_version, cipher_cols = check_shape(t, cols, found.primary_key, POSTGRESQL_TYPES)
     written = [c.name for c in cipher_cols] + ([key_version.name] if key_version else [])
-    by_ctid, inherited = (bool(kind[0]), bool(kind[1])) if kind else (False, False)
+    by_ctid, inherited = found.by_ctid, found.inherited
     if writing:
         for name in written:
             if name in unwritable:
@@ -221,26 +191,19 @@ def read_columns(t: TargetSettings) -> list[str]:
 
 def _check_privileges(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
                       written: list[str], system: list[str]) -> None:
-    """BLOCKED unless the role may SELECT every column it reads and UPDATE every column it writes.
-
-    Column by column (``has_column_privilege`` is true for a table-wide grant too), so the least
-    privilege PostgreSQL offers, ``GRANT SELECT (cols), UPDATE (cols) ON table``, is enough. An
-    inventory or a gate writes nothing: it asks for SELECT only (``written`` empty).
+    """BLOCKED unless the role may SELECT every column it reads and UPDATE every column it writes
+    (column by column: a column grant is enough). An inventory or a gate writes nothing: it asks
+    for SELECT only (``written`` empty).
     """
     wanted = [(c, "SELECT") for c in [*read_columns(t), *system]] + [(c, "UPDATE") for c in written]
     try:
-        rows = conn.execute(
-            "SELECT w.col, w.priv, has_column_privilege(%s::oid, w.col, w.priv), current_user::text "
-            "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS w(col, priv, n) ORDER BY w.n",
-            (oid, [c for c, _ in wanted], [p for _, p in wanted])).fetchall()
+        lacking, role = pg_catalog.missing_privileges(conn, oid, wanted)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the column privileges ({type(e).__name__})") from None
     missing: dict[str, list[str]] = {}
-    for column, privilege, granted, _ in rows:
-        if not granted:
-            missing.setdefault(str(privilege), []).append(str(column))
+    for privilege, column in lacking:
+        missing.setdefault(privilege, []).append(column)
     if missing:
-        role = str(rows[0][3])
         grants = "; ".join(f"{p} ({', '.join(cols)})" for p, cols in missing.items())
         raise TargetBlocked(t.name, f"role {role} lacks {grants} on {t.table} "
                                     "(python -m flows.rotate grants prints the GRANT statements)")
@@ -250,82 +213,46 @@ def _check_row_security(conn: psycopg.Connection[tuple[object, ...]], t: TargetS
     """BLOCKED when row-level security applies to the connecting role on the table.
 
     Counts and the drain's selection would then see only what the policies show, and the gate could
-    open while hidden rows are still on the key. ``row_security_active`` is PostgreSQL's own answer
-    (superusers and BYPASSRLS roles bypass; the owner bypasses unless FORCE ROW LEVEL SECURITY).
+    open while hidden rows are still on the key.
     """
     try:
-        row = conn.execute(
-            """
-            SELECT row_security_active(c.oid), current_user, r.rolbypassrls,
-                   pg_has_role(current_user, c.relowner, 'USAGE'), c.relforcerowsecurity
-              FROM pg_class c, pg_roles r
-             WHERE c.oid = %s AND r.rolname = current_user
-            """,
-            (oid,),
-        ).fetchone()
+        security = pg_catalog.row_security(conn, oid)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
-    if row is None or not row[0]:
+    if security is None:
         return
-    _, role, _, owner, forced = row
-    why = ("it owns the table, but FORCE ROW LEVEL SECURITY is set" if owner and forced
+    why = ("it owns the table, but FORCE ROW LEVEL SECURITY is set" if security.owner and security.forced
            else "it has neither BYPASSRLS nor ownership of the table")
-    raise TargetBlocked(t.name, f"row-level security on {t.table} applies to role {role} ({why}): counts and "
-                                "re-encryption would see only the rows its policies show; run as a role with "
+    raise TargetBlocked(t.name, f"row-level security on {t.table} applies to role {security.role} ({why}): counts "
+                                "and re-encryption would see only the rows its policies show; run as a role with "
                                 "BYPASSRLS")
 
 
 def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object,
                     written: list[str], *, writing: bool = True) -> bool:
-    """Apply the target's ``triggers`` setting; True when batches must run with triggers disabled.
-
-    Looks at the non-internal, enabled UPDATE triggers of the table and of its partitions and
-    inheritance children (an UPDATE through the parent fires theirs too), row- and statement-level,
-    leaving out ``UPDATE OF`` triggers on columns pinrotate never writes; and ON UPDATE rules of the
-    table, which rewrite the UPDATE the same way. ``tgenabled`` / ``ev_enabled``: 'O' fires in the
-    normal (origin) mode only, 'R' in replica mode only, 'A' always.
+    """Apply the target's ``triggers`` setting to the table's UPDATE triggers and ON UPDATE rules
+    (``pg_catalog.update_triggers``); True when batches must run with triggers disabled.
+    ``session_replication_role = replica`` silences only those that fire in the normal mode ('O').
     """
     try:
-        rows = conn.execute(
-            """
-            WITH RECURSIVE rels(oid) AS (
-                SELECT %s::oid
-                UNION
-                SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.oid
-            )
-            SELECT tg.tgname::text, tg.tgrelid = %s::oid, tg.tgrelid::regclass::text, tg.tgenabled::text
-              FROM pg_trigger tg JOIN rels ON tg.tgrelid = rels.oid
-             WHERE NOT tg.tgisinternal
-               AND (tg.tgtype::int & 16) <> 0          -- TRIGGER_TYPE_UPDATE
-               AND tg.tgenabled <> 'D'
-               AND (cardinality(tg.tgattr::int2[]) = 0
-                    OR tg.tgattr::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
-                                                   WHERE a.attrelid = tg.tgrelid AND a.attname = ANY(%s)))
-            UNION ALL
-            SELECT 'rule ' || r.rulename::text, true, r.ev_class::regclass::text, r.ev_enabled::text
-              FROM pg_rewrite r
-             WHERE r.ev_class = %s::oid AND r.ev_type = '2' AND r.ev_enabled <> 'D'   -- ON UPDATE rules
-             ORDER BY 3, 1
-            """,
-            (oid, oid, written, oid),
-        ).fetchall()
+        rows = pg_catalog.update_triggers(conn, oid, written)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
     if t.triggers == "fire":
         return False
 
     def names(modes: str) -> list[str]:
-        return [str(name) if on_target else f"{rel}.{name}" for name, on_target, rel, mode in rows if str(mode) in modes]
+        return [r.name if r.on_table else f"{r.relation}.{r.name}" for r in rows if r.mode in modes]
 
     if t.triggers == "block":
-        firing = names("OA")
+        firing = names(pg_catalog.FIRES_NORMALLY)
         if firing:
             what = "UPDATE triggers or rules" if any(n.startswith("rule ") for n in firing) else "UPDATE triggers"
             raise TargetBlocked(t.name, f"{t.table} has {what} that re-encryption would fire: "
                                         f"{', '.join(firing)}; set triggers = \"disable\" or \"fire\" on the target")
         return False
     # "disable": session_replication_role = replica silences 'O' triggers only.
-    still_firing = names("RA")
+    still_firing = names(pg_catalog.FIRES_UNDER_REPLICA_ROLE)
     if still_firing:
         raise TargetBlocked(t.name, f"triggers = \"disable\" cannot silence {', '.join(still_firing)} on {t.table} "
                                     "(ENABLE ALWAYS or ENABLE REPLICA triggers fire under session_replication_role "
@@ -333,19 +260,17 @@ def _check_triggers(conn: psycopg.Connection[tuple[object, ...]], t: TargetSetti
     if not writing:
         return True  # whether this role may silence them matters only to a run that writes
     try:
-        role_row = conn.execute("SELECT current_user").fetchone()
+        role = pg_catalog.current_role(conn)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the current role ({type(e).__name__})") from None
-    role = role_row[0] if role_row else "?"
     try:
-        with conn.transaction(force_rollback=True):
-            conn.execute("SET LOCAL session_replication_role = replica")
-    except psycopg.errors.InsufficientPrivilege:
-        raise TargetBlocked(t.name, f"triggers = \"disable\": role {role} may not set session_replication_role "
-                                    "(it needs superuser, or on PostgreSQL 15+ GRANT SET ON PARAMETER "
-                                    "session_replication_role)") from None
+        allowed = pg_catalog.may_silence_triggers(conn)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot check session_replication_role ({type(e).__name__})") from None
+    if not allowed:
+        raise TargetBlocked(t.name, f"triggers = \"disable\": role {role} may not set session_replication_role "
+                                    "(it needs superuser, or on PostgreSQL 15+ GRANT SET ON PARAMETER "
+                                    "session_replication_role)")
     return True
 
 
@@ -354,24 +279,9 @@ def _in_unique_index(conn: psycopg.Connection[tuple[object, ...]], t: TargetSett
     """Is a column of ``written`` in a unique index of the table or of one of its partitions or
     inheritance children (PostgreSQL then takes a key update's FOR UPDATE lock for the row)?"""
     try:
-        row = conn.execute(
-            """
-            WITH RECURSIVE rels(oid) AS (
-                SELECT %s::oid
-                UNION
-                SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.oid
-            )
-            SELECT EXISTS (
-                SELECT 1 FROM pg_index x JOIN rels ON x.indrelid = rels.oid
-                 WHERE x.indisunique
-                   AND x.indkey::int2[] && ARRAY(SELECT a.attnum FROM pg_attribute a
-                                                  WHERE a.attrelid = x.indrelid AND a.attname = ANY(%s)))
-            """,
-            (oid, written),
-        ).fetchone()
+        return pg_catalog.in_unique_index(conn, oid, written)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the catalog ({type(e).__name__})") from None
-    return bool(row and row[0])
 
 
 def row_lock(target: ResolvedTarget) -> sql.SQL:
@@ -381,21 +291,6 @@ def row_lock(target: ResolvedTarget) -> sql.SQL:
 
 def writing_batch_begin(target: ResolvedTarget, lock_wait: float | None = None,
                         settings: Sequence[sql.Composable] = ()) -> sql.Composed:
-    """The BEGIN of every transaction that writes a batch of ``target``, with its ``SET LOCAL``s,
-    as one statement string (one round trip; no parameters, so several statements may be sent).
-
-    ``settings``: the drain's own ``SET LOCAL``s (nothing pinrotate sets outlives its transaction:
-    behind a transaction pooler the server connection is the application's next).
-    ``lock_wait``: this transaction's lock_timeout in seconds (None: as ``settings`` say).
-    ``triggers = "disable"``: the target's ordinary triggers do not fire for this transaction only
-    (SET LOCAL ends with it, commit or rollback). An error here aborts the batch: fail closed.
-    """
-    # READ COMMITTED whatever the database's default_transaction_isolation: the row-version and
-    # compare-and-swap guards rely on its re-check of a row an application committed meanwhile
-    # (under REPEATABLE READ that is a serialization failure).
-    parts: list[sql.Composable] = [sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED"), *settings]
-    if lock_wait is not None:
-        parts.append(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{max(1, int(lock_wait * 1000))}ms")))
-    if target.disable_triggers:
-        parts.append(sql.SQL("SET LOCAL session_replication_role = replica"))
-    return sql.SQL("; ").join(parts)
+    """The BEGIN of every transaction that writes a batch of ``target`` (the room's
+    ``writing_batch_begin``; ``triggers = "disable"``: with ``session_replication_role = replica``)."""
+    return pg_catalog.writing_batch_begin(target.disable_triggers, lock_wait, settings)

@@ -1,7 +1,7 @@
 """The PostgreSQL room as a whole, as far as it has moved in (docs/engines.md, "Migration plan"):
-features, SQL pieces, the gate's checks and connections. Each part is typed with its ``base``
-protocol, so mypy proves it complete. ``catalog`` (``targets.py``), ``signals`` (``throttle/``) and
-``lock`` (``rotation.py``) are not here yet: until they move in, this is no ``base.room.Room``, and
+features, SQL pieces, the table catalog, the gate's checks and connections. Each part is typed with
+its ``base`` protocol, so mypy proves it complete. ``signals`` (``throttle/``) and ``lock``
+(``rotation.py``) are not here yet: until they move in, this is no ``base.room.Room``, and
 no caller may take it for one."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from contextlib import AbstractContextManager
 
 import sqlalchemy as sa
 
+from ..base.catalog import Catalog
 from ..base.checks import GateChecks
 from ..base.features import Features
 from ..base.operations import Operations
 from . import connect
+from .catalog import CATALOG
 from .connect import PgConnection
 from .features import FEATURES
 from .gate import GATE_CHECKS
@@ -23,6 +25,7 @@ from .operations import OPERATIONS
 class PostgresRoom:
     features: Features = FEATURES
     operations: Operations = OPERATIONS
+    catalog: Catalog[PgConnection] = CATALOG
     gate: GateChecks[PgConnection] = GATE_CHECKS  # mypy proves here that the gate's checks are complete
 
     def make_engine(self, url: str, *, pool_size: int = 5) -> sa.Engine:
