@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg import sql
 
+from ..engines.postgresql import sweep as pg_sweep
 from ..schemes._json_paths import parse_json_path
 from .sweep_plan import SweptTable
 
@@ -48,31 +49,11 @@ def _marker(server_side: bool) -> str:
 
 
 def pattern_counts(conn: psycopg.Connection[Any], table: SweptTable, server_side: bool) -> dict[str, Counter[str]]:
-    """Values per key id in every pattern-swept column of ``table``: one sequential scan, every key at once."""
-    columns = [c for c in table.columns if not c.json_paths]
-    if not columns:
-        return {}
-    marker = _marker(server_side)
-    values = []
-    for i, column in enumerate(columns):
-        ref = sql.Identifier("t", column.name)
-        if column.kind == "bytea":
-            # Only values holding the marker's bytes are turned into text (escape keeps ASCII as it is).
-            text = sql.SQL("CASE WHEN position({m} IN {c}) > 0 THEN encode({c}, 'escape') END").format(
-                m=sql.Literal(marker.encode("ascii")), c=ref)
-        else:
-            text = sql.SQL("{}::text").format(ref)
-        values.append(sql.SQL("({}, {})").format(sql.Literal(i), text))
-    query = sql.SQL(
-        "SELECT s.i, m[1], count(*) FROM (SELECT v.i, v.txt FROM ONLY {rel} AS t "
-        "CROSS JOIN LATERAL (VALUES {values}) AS v(i, txt) WHERE strpos(v.txt, {marker}) > 0) AS s "
-        "CROSS JOIN LATERAL regexp_matches(s.txt, {pattern}, 'g') AS m GROUP BY 1, 2"
-    ).format(rel=table.relation, values=sql.SQL(", ").join(values), marker=sql.Literal(marker),
-             pattern=sql.Literal(TRANSIT_FIND if server_side else FPC1_FIND))
-    out: dict[str, Counter[str]] = {}
-    for i, key, n in conn.execute(query).fetchall():
-        out.setdefault(columns[int(i)].name, Counter())[str(key)] += int(n)
-    return out
+    """Values per key id in every pattern-swept column of ``table``: one sequential scan, every key at once
+    (the PostgreSQL room's ``sweep.pattern_counts``)."""
+    columns = [(c.name, c.kind == "bytea") for c in table.columns if not c.json_paths]
+    return pg_sweep.pattern_counts(conn, table.relation, columns, _marker(server_side),
+                                   TRANSIT_FIND if server_side else FPC1_FIND)
 
 
 class _Pairs(list[tuple[str, Any]]):
