@@ -11,6 +11,7 @@ when it exists: ``conflicts.py``).
 from __future__ import annotations
 
 import contextvars
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,14 +23,13 @@ from psycopg import sql
 from .config import Settings, TargetSettings
 from .conflicts import StateError, last_conflicts
 from .db import describe_db_error, raw_connection
+from .engines.postgresql import stream as pg_stream
 from .errors import ConfigError, DatabaseError, TargetBlocked
 from .keyring import Keyring
 from .schemes.base import CATEGORIES, LEGACY_KEY, InventoryFacts, Scheme, ValueClass
 from .schemes.registry import build_scheme
 from .scope import exclusion_rule, scope_condition
 from .targets import ResolvedTarget, resolve_target
-
-FETCH_ROWS = 5000
 
 
 class DeepPassProgress(Protocol):
@@ -119,17 +119,6 @@ def blocked_inventory(t: TargetSettings, reason: str) -> TargetInventory:
     return inv
 
 
-def _stream(conn: psycopg.Connection[Any], query: sql.Composed, name: str,
-            told: tuple[DeepPassProgress, str] | None = None) -> Any:
-    with conn.transaction(), conn.cursor(name=name, binary=True) as cur:
-        cur.itersize = FETCH_ROWS
-        cur.execute(query)
-        while rows := cur.fetchmany(FETCH_ROWS):  # a list per fetch: cheaper than row by row
-            yield from rows
-            if told is not None:
-                told[0].advance(told[1], len(rows))
-
-
 def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: bool = False,
                      tenant: str | None = None) -> TargetInventory:
     """Counts per category and key of one target (see the module docstring)."""
@@ -162,7 +151,8 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
             counted = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {where}").format(
                 rel=target.relation, where=where)).fetchone()
             told.start(t.name, int(counted[0]) if counted else 0)
-        for row in _stream(conn, query, "pinrotate_inventory", None if told is None else (told, t.name)):
+        for row in pg_stream.stream(conn, query, "pinrotate_inventory",
+                                    None if told is None else functools.partial(told.advance, t.name)):
             excluded_by = row[0]
             for value, failed in scheme.inspect(row[1:], deep and excluded_by is None):
                 if keys_sql is None:

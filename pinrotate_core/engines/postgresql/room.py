@@ -6,15 +6,18 @@ no caller may take it for one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import sqlalchemy as sa
+from psycopg import sql
 
 from ..base.catalog import Catalog
 from ..base.checks import GateChecks
 from ..base.features import Features
 from ..base.operations import Operations
-from . import connect
+from . import connect, stream
 from .catalog import CATALOG
 from .connect import PgConnection
 from .features import FEATURES
@@ -36,6 +39,11 @@ class PostgresRoom:
 
     def describe_db_error(self, exc: BaseException | None) -> str:
         return connect.describe_db_error(exc)
+
+    def stream(self, conn: PgConnection, query: sql.Composed, name: str,
+               fetched: Callable[[int], None] | None = None) -> Iterator[Any]:
+        """A large read's rows through a server-side cursor (``stream.stream``)."""
+        return stream.stream(conn, query, name, fetched)
 
 
 ROOM = PostgresRoom()
