@@ -253,7 +253,7 @@ def test_a_table_the_role_cannot_read_closes_the_gate_named_and_discover_skip_op
 
 def test_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pinrotate_core.gate.snapshot as discover_module
+    import pinrotate_core.engines.postgresql.snapshot as discover_module
 
     # The sweep's lock_timeout (5 s) is what PostgreSQL gives up after; the lock and the refusal
     # are real either way, and the test needs no more than a quarter of a second of it.

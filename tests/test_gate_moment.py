@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from pinrotate_core import rotation
+from pinrotate_core.engines.postgresql import snapshot as snapshot_module
 from pinrotate_core.gate import retire_gate
-from pinrotate_core.gate import snapshot as snapshot_module
 
 from .test_gate_discover import by_column, create_secrets, fpc1_settings, fpc1_value
 from .test_targets import create_people, settings_for

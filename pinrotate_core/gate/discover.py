@@ -23,11 +23,11 @@ import sqlalchemy as sa
 from ..config import Settings
 from ..db import database_url, make_engine
 from ..engines.postgresql.connect import describe_db_error
+from ..engines.postgresql.snapshot import current_name, hold, one_moment
 from ..errors import DatabaseError
 from ..forge_discovery import with_forge_targets
 from ..keyring import Keyring, is_version
 from ..providers import build_provider
-from .snapshot import current_name, hold, one_moment
 from .sweep_plan import plan_sweep
 from .sweep_reads import FPC1_FIND, TRANSIT_FIND, Find, json_path_counts, pattern_counts
 from .sweep_trial import TrialKeys, large_object_finds, trial_finds

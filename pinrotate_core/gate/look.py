@@ -16,12 +16,12 @@ import psycopg
 import sqlalchemy as sa
 
 from ..config import Settings
+from ..engines.postgresql.snapshot import hold_target, one_moment
 from ..errors import DatabaseError
 from ..inventory import Inventory, inventory_on
 from ..keyring import Keyring
 from ..targets import ResolvedTarget
 from .discover import Discovery, sweep_database
-from .snapshot import hold_target, one_moment
 
 
 @dataclass

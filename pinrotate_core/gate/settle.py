@@ -27,9 +27,9 @@ from ..engines.postgresql.in_flight import (
     prepared_transactions,
     still_open,
 )
+from ..engines.postgresql.snapshot import wait_for_xids
 from ..log import log_event
 from .settle_result import SettleResult, named
-from .snapshot import wait_for_xids
 from .standbys import settle_standbys
 from .verdict import GateReport
 

@@ -1,5 +1,6 @@
 """The PostgreSQL room: features, SQL pieces, connections (``connect``), the table catalog
-(``catalog``), the gate's checks (``in_flight``, ``durability``, ``replicas``, ``sweep_catalog``,
-answered as ``base.checks.GateChecks`` by ``gate``) and the room as a whole (``room``). The write
+(``catalog``), GRANT statements (``grants``), streamed reads (``stream``), the gate's moment
+(``snapshot``) and checks (``in_flight``, ``durability``, ``replicas``, ``sweep_catalog``,
+``sweep``, answered as ``base.checks.GateChecks`` by ``gate``) and the room as a whole (``room``). The write
 guards and throttle signals still live where they were written (drain/, throttle/) and move here as
 docs/engines.md plans. Never imports the drain, gate or flows."""

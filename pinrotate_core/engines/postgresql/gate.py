@@ -29,7 +29,7 @@ class PostgresGateChecks:
         """One ``REPEATABLE READ READ ONLY`` transaction on ``conn`` (in autocommit, as
         ``raw_connection`` hands it out): every read inside sees the moment of its first query,
         nothing can be written through it; rolled back at the end. The gate's own look
-        (``gate/snapshot.py``) opens the same transaction and keeps the xids in flight at it."""
+        (``snapshot.py``) opens the same transaction and keeps the xids in flight at it."""
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         except psycopg.Error as e:

@@ -56,7 +56,7 @@ class ReadMark:
     hidden: tuple[Session, ...] = ()  # other roles' sessions whose state this role may not see
     untracked: tuple[Session, ...] = ()  # track_activities = off: xact_start is not reported
     standby: bool = False  # the gate reads a standby: the primary's transactions are not visible
-    xids: tuple[int, ...] = ()  # in progress at the look's snapshot (gate/snapshot.py one_moment): waited for too
+    xids: tuple[int, ...] = ()  # in progress at the look's snapshot (snapshot.py one_moment): waited for too
 
 
 _MARK_SQL = """

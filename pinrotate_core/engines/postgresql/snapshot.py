@@ -13,7 +13,8 @@ same storage as in the snapshot. One renamed after the snapshot is still read (u
 dropped, rewritten (TRUNCATE, ALTER TABLE ... TYPE, VACUUM FULL) or locked by DDL past ``LOCK_TIMEOUT``
 cannot be read as planned: the caller reports it UNREADABLE (closed, named), never "nothing there".
 
-Everything PostgreSQL-specific about that moment lives here (another engine gets a module of its own).
+Everything PostgreSQL-specific about that moment lives here, in the PostgreSQL room (the gate, ``gate/look.py``,
+``gate/discover.py`` and ``gate/settle.py``, decides over it; MySQL's moment is ``mysql/gate.py``'s snapshot).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from ..engines.postgresql.connect import describe_db_error, raw_connection
-from ..errors import DatabaseError
+from ...errors import DatabaseError
+from .connect import describe_db_error, raw_connection
 
 LOCK_TIMEOUT: Final = "5s"  # a relation locked by DDL longer than this is reported unreadable: closed
 POLL_S: Final = 0.1
