@@ -9,6 +9,7 @@ No error message here contains a value.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -156,11 +157,12 @@ def replace_json_values(text: str, replacements: Mapping[str, str]) -> str:
     for path, new_value in replacements.items():
         parsed = parse_json_path(path)
         if not isinstance(get_json_path(document, parsed), str):
-            raise LookupError(f"json path {parsed.text} does not hold a string in the document")
+            # LookupError, not TypeError: the schemes catch a path that does not lead to a string value
+            raise LookupError(f"json path {parsed.text} does not hold a string in the document")  # noqa: TRY004
         start, end = _locate(text, parsed)
         spans.append((start, end, json.dumps(new_value)))
     spans.sort()
-    for (_, end_a, _), (start_b, _, _) in zip(spans, spans[1:]):
+    for (_, end_a, _), (start_b, _, _) in itertools.pairwise(spans):
         if start_b < end_a:
             raise ConfigError("json paths overlap: the same field is named twice")
     pieces: list[str] = []
