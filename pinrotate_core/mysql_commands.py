@@ -3,7 +3,8 @@
 What is wired: the URL is accepted, the server is reached once at start (``db.make_engine``: an
 unreachable server is exit 4 with one line naming database, address and user; a server older than
 MariaDB 10.6 / MySQL 8.0 is exit 2); ``inventory`` (``mysql_inventory``), ``gate --retire``
-(``mysql_gate``), ``run`` (``mysql_run``) and ``grants`` (``mysql_grants``).
+(``mysql_gate``), ``run`` (the Prefect flow, whose steps ask ``mysql_run``) and ``grants``
+(``mysql_grants``).
 
 What is not wired yet refuses to start (exit 2, one line, nothing read or written): ``seed`` of the
 Pin profile and ``inventory --discover``: they would read and write through the PostgreSQL code paths, which must
