@@ -5,6 +5,7 @@ look of ``gate --retire`` (fail closed)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import signal
@@ -131,7 +132,7 @@ def test_the_shards_of_a_mariadb_target_are_disjoint_id_ranges_covering_its_back
         ctx.close()
     assert len(shards) == 4 and sum(s.rows for s in shards) == 130 and all(s.exact for s in shards)
     assert shards[0].id_range[0] is None and shards[-1].id_range[1] is None  # open outer ends
-    for a, b in zip(shards, shards[1:]):
+    for a, b in itertools.pairwise(shards):
         assert a.id_range[1] == b.id_range[0]
     ids = sorted(pin.rows("persons"))
     for s in shards:
@@ -278,7 +279,8 @@ def _secrets_db(server: MariaDbServer, database: str, tmp_path: Path) -> tuple[P
 def test_the_run_report_gate_on_mariadb_opens_only_when_the_deep_look_finds_nothing_under_the_key(
         mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str) -> None:
     cfg, active, old, keys = _secrets_db(mariadb, mysql_database, tmp_path)
-    code, doc, err = rotate("run", "--config", str(cfg), "--json", prefect_api=prefect_api)
+    code, doc, err = rotate("run", "--expected-key-version", active, "--config", str(cfg), "--json",
+                               prefect_api=prefect_api)
     assert code == 0, err
     assert doc["targets"]["ApiSecret"]["reencrypted"] == 3
     assert doc["gate"][old]["open"] is True, doc["gate"]
@@ -289,7 +291,8 @@ def test_the_run_report_gate_on_mariadb_opens_only_when_the_deep_look_finds_noth
             # A copy someone made in another database of the same server, under the old key.
             cur.execute("CREATE TABLE stash (id int PRIMARY KEY, note text NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
             cur.execute("INSERT INTO stash VALUES (1, %s)", (forge_fpc1("SM4", old, keys[old], "copied secret"),))
-        code, doc, err = rotate("run", "--config", str(cfg), "--json", prefect_api=prefect_api)
+        code, doc, err = rotate("run", "--expected-key-version", active, "--config", str(cfg), "--json",
+                               prefect_api=prefect_api)
     assert code == 0, err
     assert doc["targets"]["ApiSecret"]["reencrypted"] == 0
     assert doc["gate"][old]["open"] is False
