@@ -188,7 +188,21 @@ def test_the_throttle_on_mariadb_waits_on_threads_running_and_stops_past_the_cri
         ctx.close()
     assert result.stopped == STOP_THROTTLE_CRITICAL and "critical_active_sessions" in (result.error or "")
     assert result.reencrypted == 0 and pin.key_versions("persons") == {pin.old: 20}
-    assert new not in pin.key_versions("persons")
+
+    # Past the plain limit a drain waits while they run, then resumes and moves every row.
+    ctx = rotation.open_run(settings)
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        sleeper = _sleeping(mariadb, 2, sessions=3)
+        result = rotation.drain(ctx, "Person")
+        for thread in sleeper:
+            thread.join()
+    finally:
+        ctx.close()
+    assert (result.reencrypted, result.stopped, result.backlog_remaining) == (20, None, 0)
+    assert ctx.throttle is not None and ctx.throttle.waited["load"] > 0
+    assert_every_person_whole(pin, {new: 20})
 
 
 def test_a_prefect_variable_set_to_paused_stops_a_mariadb_drain_and_clearing_it_resumes(
