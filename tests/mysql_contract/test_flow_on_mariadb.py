@@ -22,6 +22,7 @@ import pytest
 from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.drain import STOP_THROTTLE_CRITICAL
+from pinrotate_core.mysql_run import NOT_RECORDED
 from tests.mariadb_server import MariaDbServer
 
 from .codecs import forge_fpc1
@@ -109,6 +110,7 @@ def test_two_dask_workers_drain_a_mariadb_target_in_two_id_range_shards_losing_n
     assert code == 0, err[-4000:]
     person = doc["targets"]["Person"]
     assert (person["reencrypted"], person["failed"], person["backlog_remaining"]) == (260, 0, 0)
+    assert person["notes"] == [NOT_RECORDED]  # what both shards said, once
     assert_every_person_whole(pin, {new: 260})
     shards = shard_rows(doc["run_id"])
     assert sorted(s["shard"] for s in shards) == ["1/2", "2/2"], shards
