@@ -36,6 +36,7 @@ import pymysql
 import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
+from . import tracing
 from .config import Settings, TargetSettings
 from .drain.fpc1_precheck import HoldsFailingKeys
 from .drain.options import DrainOptions, stop_reason
@@ -323,12 +324,16 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 current = [int(scheme.current_key)] if kv else []
                 cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
                        for row_id, values in new.items()]
-                with batch_transaction(conn, options.lock_timeout):
-                    outcome = guard.write(conn, cas)
-                    if outcome.mismatched:
-                        raise _Mismatch(len(outcome.mismatched))
+                # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
+                with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
+                    with batch_transaction(conn, options.lock_timeout):
+                        outcome = guard.write(conn, cas)
+                        if outcome.mismatched:
+                            raise _Mismatch(len(outcome.mismatched))
+                    moved = sum(weight[i] for i in outcome.written)
+                    tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
+                                          (f.reason for f in plan.failed))
                 result.batches += 1
-                moved = sum(weight[i] for i in outcome.written)
                 result.reencrypted += moved
                 result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
                 if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)

@@ -97,6 +97,31 @@ def test_a_run_on_mariadb_is_a_flow_run_with_its_task_runs_and_moves_every_row(
     assert str(new) in doc["gate"] or str(pin.old) in doc["gate"]
 
 
+def test_a_run_on_mariadb_exports_one_trace_with_a_span_per_batch_beneath_the_flow_run(
+        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str) -> None:
+    from tests.otlp_collector import Collector, ancestry
+
+    pin = install_pin(mariadb, mysql_database, tmp_path, persons=25, documents=0)
+    new = pin.promote_new_key()
+    cfg = pin.config(tables=("persons",), batch_size=10)
+    with Collector() as collector:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith((*_FOREIGN_SETTINGS, "OTEL_"))},
+               "PREFECT_API_URL": prefect_api, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint}
+        proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(cfg), "--json"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        code, doc, err = finish(proc)
+        spans = list(collector.spans)
+    assert code == 0, err[-4000:]
+    batches = [s for s in spans if s.name == "pinrotate.batch"]
+    assert len(batches) == 3 and sum(s.attributes["pinrotate.rows"] for s in batches) == 25
+    assert {(s.attributes["pinrotate.run_id"], s.attributes["pinrotate.target"], s.attributes["pinrotate.current_key"])
+            for s in batches} == {(doc["run_id"], "Person", str(new))}
+    by_id = {s.span_id: s for s in spans if s.trace_id == batches[0].trace_id}
+    for b in batches:
+        root = list(ancestry(b, by_id))[-1]
+        assert root.attributes.get("prefect.run.id") == doc["run_id"], root.attributes
+    assert_every_person_whole(pin, {new: 25})
+
 def test_two_dask_workers_drain_a_mariadb_target_in_two_id_range_shards_losing_nothing(
         mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str) -> None:
     pin = install_pin(mariadb, mysql_database, tmp_path, persons=260, documents=0)
