@@ -121,7 +121,7 @@ class RunContext:
         if self.throttle is None:
             kind = MySqlThrottle if self.on_mysql else Throttle
             self.throttle = kind.from_settings(self.engine, self.settings, control=self.throttle_control,
-                                                   run_id=self.run_id)
+                                               run_id=self.run_id)
         return self.throttle
 
     def close(self) -> None:
