@@ -17,8 +17,8 @@ STANDBY_BEHIND. Whatever cannot be checked closes the gate, named. Never a value
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pymysql
 import sqlalchemy as sa
@@ -45,14 +45,25 @@ from .schemes.base import LEGACY_KEY, LegacyMigration
 from .schemes.registry import scheme_class
 from .scope import check_tenant_scope
 
+R = TypeVar("R")  # what one look decides: a report, or a run's reports by key
+
 POLL_S = 0.2
 LOOKS = 5  # a verdict that keeps finding new transactions in flight is closed after this many looks
 
 
 def _look(conn: MySqlConnection, settings: Settings, keyring: Keyring, key: str, *, deep: bool,
-          erase_excluded: bool, provider: object, failed: Mapping[str, int] | None = None,
-          conflicts: Mapping[str, int] | None = None) -> tuple[GateReport, list[OpenTransaction], list[str]]:
-    """``failed``, ``conflicts``: a run's own rows that did not decrypt and its CONFLICTs, per target."""
+          erase_excluded: bool, provider: object) -> tuple[GateReport, list[OpenTransaction], list[str]]:
+    reports, in_flight, prepared = _look_keys(conn, settings, keyring, [key], deep=deep,
+                                              erase_excluded=erase_excluded, provider=provider)
+    return reports[key], in_flight, prepared
+
+
+def _look_keys(conn: MySqlConnection, settings: Settings, keyring: Keyring, keys: Sequence[str], *, deep: bool,
+               erase_excluded: bool, provider: object, failed: Mapping[str, int] | None = None,
+               conflicts: Mapping[str, int] | None = None) -> tuple[dict[str, GateReport], list[OpenTransaction],
+                                                                     list[str]]:
+    """One look for every key of ``keys`` (one snapshot, one inventory, one sweep). ``failed``,
+    ``conflicts``: a run's own rows that did not decrypt and its CONFLICTs, per target."""
     with GATE_CHECKS.snapshot(conn):
         time.sleep(INNODB_TRX_CACHE_S)  # INNODB_TRX is a cache: let it catch up with the snapshot's moment
         in_flight = GATE_CHECKS.in_flight(conn)
@@ -61,10 +72,13 @@ def _look(conn: MySqlConnection, settings: Settings, keyring: Keyring, key: str,
         for name, n in (failed or {}).items():
             if name in inv.targets:
                 inv.targets[name].counts["FAILED"] = max(inv.targets[name].counts["FAILED"], n)
-        report = evaluate_gate(inv, key, conflicts=conflicts, erase_excluded=erase_excluded)
-        apply_discovery(report, sweep_mysql(conn, settings, keyring, key_ids=[key]))
-    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
-    return report, in_flight, prepared
+        reports = {key: evaluate_gate(inv, key, conflicts=conflicts, erase_excluded=erase_excluded) for key in keys}
+        discovery = sweep_mysql(conn, settings, keyring, key_ids=list(keys))
+        for report in reports.values():
+            apply_discovery(report, discovery)
+    for report in reports.values():
+        report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    return reports, in_flight, prepared
 
 
 def _still_open(conn: MySqlConnection, waited: list[OpenTransaction], deadline: float) -> list[OpenTransaction]:
@@ -96,14 +110,16 @@ def _replicas(conn: MySqlConnection) -> SettleResult | None:
     return None
 
 
-def settle(conn: MySqlConnection, settings: Settings, first: tuple[GateReport, list[OpenTransaction], list[str]],
-           look: Any) -> tuple[GateReport, SettleResult]:
-    """Wait for what was in flight at the look, look again, until an open verdict holds still."""
+def settle(conn: MySqlConnection, settings: Settings, first: tuple[R, list[OpenTransaction], list[str]],
+           look: Callable[[], tuple[R, list[OpenTransaction], list[str]]],
+           is_open: Callable[[R], bool]) -> tuple[R, SettleResult]:
+    """Wait for what was in flight at the look, look again, until an open verdict holds still.
+    ``is_open``: whether the look's verdict (one report, or a run's reports by key) is open."""
     deadline = time.monotonic() + settings.gate.wait
     report, in_flight, prepared = first
     facts: dict[str, Any] = {"engine": "mysql"}
     for _ in range(LOOKS):
-        if not report.open:
+        if not is_open(report):
             return report, SettleResult(True, facts=facts)
         if prepared:
             return report, SettleResult.closed("PREPARED", len(prepared), f"prepared XA transactions: "
@@ -121,7 +137,7 @@ def settle(conn: MySqlConnection, settings: Settings, first: tuple[GateReport, l
     else:
         return report, SettleResult.closed("IN_FLIGHT", max(len(in_flight), 1), "new transactions kept starting "
                                            "while the gate waited", facts)
-    if not report.open:
+    if not is_open(report):
         return report, SettleResult(True, facts=facts)
     durability = GATE_CHECKS.durability(conn)
     facts["durability"] = durability.settings
@@ -154,7 +170,7 @@ def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None
                 return _look(conn, settings, keyring, key, deep=deep, erase_excluded=erase_excluded,
                              provider=provider)
 
-            report, settled = settle(conn, settings, look(), look)
+            report, settled = settle(conn, settings, look(), look, lambda r: r.open)
             if report.open or not settled.ok:
                 apply_settled(report, settled)
         report.database = mysql_connect.database_identity(engine)
@@ -184,24 +200,29 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
     names = [t.name for t in targets]
     filtered = tenant is not None or set(names) != {t.name for t in settings.targets}
     out: dict[str, Any] = {}
-    for key in keys:
-        try:
-            shown = (take_mysql_inventory(engine, settings, keyring, tenant=tenant, provider=provider)
-                     if filtered and tenant is not None else None)
-            with mysql_connect.raw_connection(engine) as conn:
-                def look(key: str = key, conn: MySqlConnection = conn) -> tuple[GateReport, list[OpenTransaction],
-                                                                                  list[str]]:
-                    return _look(conn, settings, keyring, key, deep=True, erase_excluded=False, provider=provider,
-                                 failed=failed, conflicts=conflicts)
+    if not keys:
+        return out
+    try:
+        shown = (take_mysql_inventory(engine, settings, keyring, tenant=tenant, provider=provider)
+                 if filtered and tenant is not None else None)
+        with mysql_connect.raw_connection(engine) as conn:
+            def look() -> tuple[dict[str, GateReport], list[OpenTransaction], list[str]]:
+                return _look_keys(conn, settings, keyring, keys, deep=True, erase_excluded=False, provider=provider,
+                                  failed=failed, conflicts=conflicts)
 
-                report, settled = settle(conn, settings, look(), look)
-                if report.open or not settled.ok:
-                    apply_settled(report, settled)
-        except (DatabaseError, pymysql.err.MySQLError) as e:  # fail closed: a look that could not read decides nothing
-            reason = str(e) if isinstance(e, DatabaseError) else mysql_connect.describe_db_error(e)
-            log_event("gate_sweep_failed", level=40, run_id=run_id, key=key, error=reason)
-            out[key] = {"open": False, "blocking": {}, "reason": f"the gate's look could not be taken: {reason}"}
-            continue
+            verdicts, settled = settle(conn, settings, look(), look,
+                                       lambda seen: any(r.open for r in seen.values()))
+    except (DatabaseError, pymysql.err.MySQLError) as e:  # fail closed: a look that could not read decides nothing
+        reason = str(e) if isinstance(e, DatabaseError) else mysql_connect.describe_db_error(e)
+        log_event("gate_sweep_failed", level=40, run_id=run_id, error=reason)
+        return {key: {"open": False, "blocking": {}, "reason": f"the gate's look could not be taken: {reason}"}
+                for key in keys}
+    for key, report in verdicts.items():
+        if report.open:  # settled as gate --retire settles; a closed verdict stays as it was found
+            apply_settled(report, settled)
+            if not settled.ok:
+                log_event("gate_not_settled", level=30, run_id=run_id, key=key, blocking=sorted(settled.blocking),
+                          reason=settled.reason)
         entry: dict[str, Any] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n},
                                  **outside_targets(report)}
         if report.durability.get("reason"):

@@ -280,17 +280,17 @@ def test_ctrl_c_stops_a_mariadb_run_between_batches_with_exit_130_losing_nothing
     assert drains and all(s is not None and s.is_cancelled() for s in drains.values()), drains
 
 
-def _secrets_db(server: MariaDbServer, database: str, tmp_path: Path) -> tuple[Path, str, str, dict[str, bytes]]:
-    """One fpc1 target, three values on the old key and two on the active one."""
-    active, old = f"act{secrets.token_hex(5)}", f"old{secrets.token_hex(5)}"
-    keys = {active: secrets.token_bytes(16), old: secrets.token_bytes(16)}
+def _secrets_db(server: MariaDbServer, database: str, tmp_path: Path) -> tuple[Path, str, list[str], dict[str, bytes]]:
+    """One fpc1 target: two values on the oldest key, one on the previous, two on the active one."""
+    active, previous, old = f"act{secrets.token_hex(5)}", f"prv{secrets.token_hex(5)}", f"old{secrets.token_hex(5)}"
+    keys = {active: secrets.token_bytes(16), previous: secrets.token_bytes(16), old: secrets.token_bytes(16)}
     keys_file = file_keyring(tmp_path / "keys" / "keys.toml", active, keys)
+    under = {1: old, 2: old, 3: previous, 4: active, 5: active}
     with connect(server, database) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE api_secrets (id bigint PRIMARY KEY, secret_cipher varchar(500) NULL)"
                     " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
-        for i in range(1, 6):
-            cur.execute("INSERT INTO api_secrets VALUES (%s, %s)",
-                        (i, forge_fpc1("SM4", old if i <= 3 else active, keys[old if i <= 3 else active], f"s-{i}")))
+        for i, key in under.items():
+            cur.execute("INSERT INTO api_secrets VALUES (%s, %s)", (i, forge_fpc1("SM4", key, keys[key], f"s-{i}")))
     cfg = write_toml(tmp_path / "pinrotate.toml", {
         "database": {"url": server.url(database)},
         "keys": {"provider": "file", "file": str(keys_file), "write_versioned": True},
@@ -298,29 +298,30 @@ def _secrets_db(server: MariaDbServer, database: str, tmp_path: Path) -> tuple[P
         "targets": [{"name": "ApiSecret", "table": "api_secrets", "id": "id", "columns": ["secret_cipher"],
                      "format": "fpc1"}],
     })
-    return cfg, active, old, keys
-
+    return cfg, active, [old, previous], keys
 
 @pytest.mark.server_wide  # the run's gate sweeps every database of the server (tests/conftest.py, Parallel runs)
 def test_the_run_report_gate_on_mariadb_opens_only_when_the_deep_look_finds_nothing_under_the_key(
         mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str) -> None:
-    cfg, active, old, keys = _secrets_db(mariadb, mysql_database, tmp_path)
+    cfg, active, (old, previous), keys = _secrets_db(mariadb, mysql_database, tmp_path)
     code, doc, err = rotate("run", "--expected-key-version", active, "--config", str(cfg), "--json",
-                               prefect_api=prefect_api)
+                            prefect_api=prefect_api)
     assert code == 0, err
     assert doc["targets"]["ApiSecret"]["reencrypted"] == 3
-    assert doc["gate"][old]["open"] is True, doc["gate"]
+    # Both older keys decided by one look: nothing is left under either.
+    assert (doc["gate"][old]["open"], doc["gate"][previous]["open"]) == (True, True), doc["gate"]
     assert "not decided" not in str(doc["gate"])
 
     with mariadb.fresh_database() as other:
         with connect(mariadb, other) as conn, conn.cursor() as cur:
-            # A copy someone made in another database of the same server, under the old key.
+            # A copy someone made in another database of the same server, under the oldest key.
             cur.execute("CREATE TABLE stash (id int PRIMARY KEY, note text NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
             cur.execute("INSERT INTO stash VALUES (1, %s)", (forge_fpc1("SM4", old, keys[old], "copied secret"),))
         code, doc, err = rotate("run", "--expected-key-version", active, "--config", str(cfg), "--json",
-                               prefect_api=prefect_api)
+                                prefect_api=prefect_api)
     assert code == 0, err
     assert doc["targets"]["ApiSecret"]["reencrypted"] == 0
     assert doc["gate"][old]["open"] is False
     assert {k: n for k, n in doc["gate"][old]["blocking"].items() if n} == {"OUTSIDE_TARGETS": 1}
+    assert doc["gate"][previous]["open"] is True  # the find is under the oldest key only
     assert "copied secret" not in str(doc)
