@@ -270,6 +270,30 @@ def test_the_reference_prints_the_bookkeeping_ddl_the_room_runs() -> None:
     assert [s for s in printed if s] == ours
 
 
+def test_a_drain_stopped_at_the_run_deadline_says_deadline_and_clears_no_earlier_conflict(
+        forge: ForgeInstall) -> None:
+    """A drain that did not see its whole target (job.max_run_duration passed) is stopped as
+    ``deadline`` between batches, and its record clears nothing an earlier run left."""
+    from pinrotate_core import rotation
+    from pinrotate_core.drain import STOP_DEADLINE
+
+    with connect(forge.server, forge.database) as conn:
+        record_conflicts_mysql(conn, "DataConnection", {"1": 3}, tenant_scope=None, complete=True, run_id="earlier")
+    before = forge.snapshot()
+    ctx = rotation.open_run(load_settings(forge.config), target_names=["DataConnection"], expected_key=forge.active)
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        ctx.started -= ctx.settings.job.max_run_duration + 1  # the run's deadline has passed
+        result = rotation.drain(ctx, "DataConnection")
+    finally:
+        ctx.close()
+    assert (result.stopped, result.reencrypted, result.state_error) == (STOP_DEADLINE, 0, None), result
+    assert result.backlog_remaining > 0
+    assert forge.snapshot() == before
+    assert bookkeeping(forge.server, "conflicts", forge.database) == [("DataConnection", "1", 3)]
+
+
 # --- through the Prefect flow (the run's own steps, not the CLI's check before it) ---------------------
 
 
