@@ -164,11 +164,14 @@ def read_current_key(ctx: RunContext, *, announce: bool = True, record: bool | N
     # Before anything is written: each key id is the key recorded for it (a dry run only compares).
     recording = not ctx.dry_run if record is None else record
     run_id = None if record is False else ctx.run_id
+    quiet = record is False  # the check before the run: the run itself says what it found
     if ctx.on_mysql:  # in the server's pinrotate database (mysql_bookkeeping)
         with mysql_connect.raw_connection(ctx.engine) as my:
-            confirm_key_identity_mysql(my, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id)
+            confirm_key_identity_mysql(my, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
+                                       quiet=quiet)
     else:
-        confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id)
+        confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
+                             quiet=quiet)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
