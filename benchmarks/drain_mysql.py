@@ -7,7 +7,8 @@ CURRENT_TIMESTAMP``; a ``file`` keyring with key 2 current. Shapes, each over ev
 
 - ``update``: ``UPDATE persons SET key_version = 2, c1 = REVERSE(c1), c2 = REVERSE(c2)`` (no client,
   no crypto: the floor of writing the same bytes);
-- ``pinrotate``: ``pinrotate_core.mysql_run.mysql_run`` as ``run`` runs it (keyset batches of
+- ``pinrotate``: the run's drain steps (``rotation.resolve_all`` and ``rotation.drain`` per target,
+  which ask ``pinrotate_core.mysql_run``), as the flow's drain task runs them (keyset batches of
   ``--batch-size``, decrypt + encrypt + verify each value, the CAS write of ``engines/mysql/guard.py``,
   read back).
 
@@ -33,10 +34,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from mysql_floor import StatementCosts, server_cpu, server_pid  # type: ignore[import-not-found]
 from sqlalchemy.engine import make_url
 
-from pinrotate_core.config import load_settings
+from pinrotate_core import rotation
+from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.engines.mysql.connect import make_engine, raw_connection
 from pinrotate_core.errors import DatabaseError
-from pinrotate_core.mysql_run import mysql_run
 
 TABLE = ("CREATE TABLE persons (id bigint NOT NULL PRIMARY KEY, c1 text NOT NULL, c2 text NULL, key_version int NOT NULL,"
          " updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6))"
@@ -46,6 +47,17 @@ TABLE = ("CREATE TABLE persons (id bigint NOT NULL PRIMARY KEY, c1 text NOT NULL
 def _text(aead: AESGCM, plain: bytes) -> str:
     nonce = secrets.token_bytes(12)
     return base64.b64encode(nonce + aead.encrypt(nonce, plain, None)).decode("ascii")
+
+
+def _drain(settings: Settings) -> int:
+    """Every target drained as the flow's drain task drains it (no gate, no verify): rows moved."""
+    ctx = rotation.open_run(settings, create_keyring=False)
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        return sum(rotation.drain(ctx, t.name).reencrypted for t in ctx.targets)
+    finally:
+        ctx.close()
 
 
 def main_mysql(args: argparse.Namespace) -> int:
@@ -96,8 +108,7 @@ def main_mysql(args: argparse.Namespace) -> int:
                     s0, c0, t0 = cpu(), time.process_time(), time.perf_counter()
                     if costs is not None:
                         costs.active = True
-                    report = mysql_run(settings)
-                    moved = report.targets["Person"].reencrypted
+                    moved = _drain(settings)
                     _report(f"pinrotate run ({moved} rows)", moved, time.perf_counter() - t0, time.process_time() - c0,
                             s0, cpu())
                     if costs is not None:

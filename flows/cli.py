@@ -260,8 +260,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
-    if on_mysql(settings):  # MySQL / MariaDB: the core's run, without the flow
-        return cli_mysql.run(ns, settings)
     from flows.prefect_api import check_prefect_api, temporary_server
 
     # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so

@@ -1,25 +1,14 @@
 """The command line's MySQL / MariaDB branches (``flows.cli`` asks here when the URL is
 ``mysql://`` or ``mariadb://``): the core's MySQL commands (``pinrotate_core/mysql_*.py``). A run
-goes through the core directly, not the Prefect flow (README, "MySQL / MariaDB")."""
+is not here: it goes through the Prefect flow as on PostgreSQL, whose steps ask ``mysql_run``."""
 
 from __future__ import annotations
 
 import argparse
 
-from flows.reports import emit, run_report
 from pinrotate_core.config import Settings
 from pinrotate_core.gate.discover import Discovery
 from pinrotate_core.inventory import Inventory
-
-
-def run(ns: argparse.Namespace, settings: Settings) -> int:
-    from pinrotate_core.mysql_run import mysql_run
-
-    report = mysql_run(settings, target_names=ns.target, dry_run=ns.dry_run, expected_key=ns.expected_key_version,
-                       tenant=ns.tenant)
-    d = report.as_dict()
-    emit(ns, d, run_report(d))
-    return report.exit_code
 
 
 def inventory(ns: argparse.Namespace, settings: Settings) -> Inventory:

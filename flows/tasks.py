@@ -182,7 +182,7 @@ def merge_shards(parts: Sequence[DrainResult]) -> DrainResult:
         sample_ids=_samples(parts), counts=_added([p.counts for p in parts]),
         conflicts_by_tenant=_added([p.conflicts_by_tenant for p in parts]),
         state_error=next((p.state_error for p in parts if p.state_error), None),
-        notes=[n for p in parts for n in p.notes])
+        notes=list(dict.fromkeys(n for p in parts for n in p.notes)))  # a note every shard made, once
 
 
 def merge_attempts(attempts: Sequence[DrainResult]) -> DrainResult:
@@ -203,7 +203,7 @@ def merge_attempts(attempts: Sequence[DrainResult]) -> DrainResult:
         sample_ids=_samples(attempts), counts=_added([a.counts for a in attempts], largest=_LEFT_IN_PLACE),
         conflicts_by_tenant=_added([a.conflicts_by_tenant for a in attempts]),
         state_error=last.state_error or unrecorded,
-        notes=[n for a in attempts for n in a.notes])
+        notes=list(dict.fromkeys(n for a in attempts for n in a.notes)))  # a note every attempt made, once
 
 
 def stopped_result(target: str, spec: RunSpec, exc: BaseException, stopped: str, rows: int = 0) -> DrainResult:

@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -74,10 +75,17 @@ class DatabaseSettings(_Strict):
 
     @field_validator("replicas")
     @classmethod
-    def _replica_urls(cls, urls: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    def _replica_urls(cls, urls: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        """Replicas of the database's own engine: ``postgresql://`` beside a PostgreSQL database,
+        ``mysql://`` / ``mariadb://`` beside a MySQL / MariaDB one (the throttle reads each one's
+        own replication status there)."""
+        url = info.data.get("url")
+        mysql = isinstance(url, str) and re.match(r"(mysql|mariadb)(\+\w+)?://", url) is not None
+        pattern, scheme = (r"(mysql|mariadb)(\+\w+)?://", "mysql:// or mariadb://") if mysql else \
+            (r"postgres(ql)?(\+psycopg)?://", "postgresql://")
         for i, url in enumerate(urls or ()):
-            if not re.match(r"postgres(ql)?(\+psycopg)?://", url):
-                raise ValueError(f"entry {i + 1} is not a postgresql:// URL")
+            if not re.match(pattern, url):
+                raise ValueError(f"entry {i + 1} is not a {scheme} URL")
         return urls
 
 

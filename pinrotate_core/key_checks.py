@@ -125,13 +125,15 @@ def _transit_checks(keyring: Keyring, provider: KeyProvider) -> list[KeyCheck]:
 
 def confirm_key_identity(engine: sa.Engine | None, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
                          record: bool, run_id: str | None = None,
-                         on: psycopg.Connection[Any] | None = None) -> KeyIdentity:
+                         on: psycopg.Connection[Any] | None = None, quiet: bool = False) -> KeyIdentity:
     """Compare every key of ``keyring`` with the check value recorded for its id; ``record``: first
     record the ids nothing was recorded for (a non-dry run; a dry run and a gate only compare).
 
     ``KeyIdentityMismatch`` (exit 2) names the first id that differs; a role that may not create,
     write or read the table is refused with the privilege to grant. Nothing is written on a refusal.
     ``on``: read on that connection (the gate: inside its one snapshot) instead of one of ``engine``'s.
+    ``quiet``: the check before a run exists (the CLI's, repeated by the run): what it finds is logged
+    at DEBUG, so that a refusal after it is still the one line on stderr.
     """
     checks = key_checks_for(settings, keyring, provider)
     if not checks:
@@ -176,8 +178,8 @@ def confirm_key_identity(engine: sa.Engine | None, settings: Settings, keyring: 
         except psycopg.Error as e:
             raise DatabaseError(f"cannot check the keys against {QUALIFIED} ({describe_db_error(e)})") from None
     news = bool(identity.recorded_now or identity.not_recorded)
-    log_event("key_checks", level=logging.INFO if news else logging.DEBUG, run_id=run_id, keyring=checks[0].keyring,
-              compared=len(identity.compared), recorded=identity.recorded_now or None,
+    log_event("key_checks", level=logging.INFO if news and not quiet else logging.DEBUG, run_id=run_id,
+              keyring=checks[0].keyring, compared=len(identity.compared), recorded=identity.recorded_now or None,
               not_recorded=identity.not_recorded or None)
     return identity
 

@@ -60,10 +60,11 @@ def _grant(privileges: str, table: str, role: str) -> str:
 
 
 def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
-                               record: bool, run_id: str | None = None) -> KeyIdentity:
+                               record: bool, run_id: str | None = None, quiet: bool = False) -> KeyIdentity:
     """``key_checks.confirm_key_identity`` on MySQL: compare every key of ``keyring`` with the
     check value recorded for its id; ``record``: first record the ids nothing was recorded for.
-    ``conn`` is in autocommit mode (not inside a snapshot)."""
+    ``conn`` is in autocommit mode (not inside a snapshot). ``quiet``: as ``confirm_key_identity``'s
+    (the CLI's check before the run: what it finds is logged at DEBUG)."""
     checks = key_checks_for(settings, keyring, provider)
     if not checks:
         return KeyIdentity()
@@ -98,8 +99,8 @@ def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyrin
     except TimeoutError as e:
         raise DatabaseError(f"cannot check the keys against {KEY_CHECKS} ({e})") from None
     news = bool(identity.recorded_now or identity.not_recorded)
-    log_event("key_checks", level=logging.INFO if news else logging.DEBUG, run_id=run_id, keyring=checks[0].keyring,
-              compared=len(identity.compared), recorded=identity.recorded_now or None,
+    log_event("key_checks", level=logging.INFO if news and not quiet else logging.DEBUG, run_id=run_id,
+              keyring=checks[0].keyring, compared=len(identity.compared), recorded=identity.recorded_now or None,
               not_recorded=identity.not_recorded or None)
     return identity
 

@@ -3,12 +3,11 @@
 Every command is wired: the URL is accepted, the server is reached once at start
 (``db.make_engine``: an unreachable server is exit 4 with one line naming database, address and
 user; a server older than MariaDB 10.6 / MySQL 8.0 is exit 2); ``inventory`` (``mysql_inventory``;
-``--discover``: ``mysql_sweep.discover_mysql``), ``gate --retire`` (``mysql_gate``), ``run``
-(``mysql_run``: ``aesgcm``, ``fpc1`` and ``vault-transit``), ``grants`` (``mysql_grants``),
-``seed`` of both samples (``mysql_seed``), with pinrotate's own records (key check values,
-CONFLICTs) in the server's ``pinrotate`` database (``mysql_bookkeeping``). ``keys`` never reads
-the database. What a run does not do on MySQL yet (the Prefect flow, throttle, parallel workers,
-the run's own gate section) its report says in its notes.
+``--discover``: ``mysql_sweep.discover_mysql``), ``gate --retire`` (``mysql_gate``), ``run`` (the
+Prefect flow, whose steps ask ``mysql_run``: ``aesgcm``, ``fpc1`` and ``vault-transit``; its gate
+section ``mysql_gate.run_gate``), ``grants`` (``mysql_grants``), ``seed`` of both samples
+(``mysql_seed``), with pinrotate's own records (key check values, CONFLICTs) in the server's
+``pinrotate`` database (``mysql_bookkeeping``). ``keys`` never reads the database.
 
 The engine room (``engines/mysql``) holds the SQL; the ``mysql_*`` modules hold the decisions.
 """

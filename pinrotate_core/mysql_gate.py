@@ -19,27 +19,37 @@ STANDBY_BEHIND. Whatever cannot be checked closes the gate, named. Never a value
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from .config import Settings
+import pymysql
+import sqlalchemy as sa
+
+from .config import Settings, TargetSettings
 from .db import database_url, make_engine
 from .engines.base.checks import OpenTransaction
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
+from .errors import DatabaseError
 from .forge_discovery import with_forge_targets
-from .gate.discover import apply_discovery
+from .gate.discover import apply_discovery, outside_targets
 from .gate.retire import slice_of
 from .gate.settle import apply_settled
 from .gate.settle_result import SettleResult, named
-from .gate.verdict import GateReport, check_retire_key, evaluate_gate
+from .gate.verdict import GateReport, check_retire_key, evaluate_gate, held_keys
 from .key_checks import KeyIdentity
 from .keyring import Keyring
+from .log import log_event
 from .mysql_bookkeeping import confirm_key_identity_mysql
 from .mysql_inventory import inventory_on_mysql, take_mysql_inventory
 from .mysql_sweep import sweep_mysql
 from .providers import build_provider
+from .schemes.base import LEGACY_KEY, LegacyMigration
+from .schemes.registry import scheme_class
 from .scope import check_tenant_scope
+
+R = TypeVar("R")  # what one look decides: a report, or a run's reports by key
 
 POLL_S = 0.2
 LOOKS = 5  # a verdict that keeps finding new transactions in flight is closed after this many looks
@@ -47,15 +57,32 @@ LOOKS = 5  # a verdict that keeps finding new transactions in flight is closed a
 
 def _look(conn: MySqlConnection, settings: Settings, keyring: Keyring, key: str, *, deep: bool,
           erase_excluded: bool, provider: object) -> tuple[GateReport, list[OpenTransaction], list[str]]:
+    reports, in_flight, prepared = _look_keys(conn, settings, keyring, [key], deep=deep,
+                                              erase_excluded=erase_excluded, provider=provider)
+    return reports[key], in_flight, prepared
+
+
+def _look_keys(conn: MySqlConnection, settings: Settings, keyring: Keyring, keys: Sequence[str], *, deep: bool,
+               erase_excluded: bool, provider: object, failed: Mapping[str, int] | None = None,
+               conflicts: Mapping[str, int] | None = None) -> tuple[dict[str, GateReport], list[OpenTransaction],
+                                                                     list[str]]:
+    """One look for every key of ``keys`` (one snapshot, one inventory, one sweep). ``failed``,
+    ``conflicts``: a run's own rows that did not decrypt and its CONFLICTs, per target."""
     with GATE_CHECKS.snapshot(conn):
         time.sleep(INNODB_TRX_CACHE_S)  # INNODB_TRX is a cache: let it catch up with the snapshot's moment
         in_flight = GATE_CHECKS.in_flight(conn)
         prepared = GATE_CHECKS.prepared(conn)
         inv = inventory_on_mysql(conn, settings, keyring, deep=deep, provider=provider)
-        report = evaluate_gate(inv, key, erase_excluded=erase_excluded)
-        apply_discovery(report, sweep_mysql(conn, settings, keyring, key_ids=[key]))
-    report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
-    return report, in_flight, prepared
+        for name, n in (failed or {}).items():
+            if name in inv.targets:
+                inv.targets[name].counts["FAILED"] = max(inv.targets[name].counts["FAILED"], n)
+        reports = {key: evaluate_gate(inv, key, conflicts=conflicts, erase_excluded=erase_excluded) for key in keys}
+        discovery = sweep_mysql(conn, settings, keyring, key_ids=list(keys))
+        for report in reports.values():
+            apply_discovery(report, discovery)
+    for report in reports.values():
+        report.counts = {name: t.as_dict() for name, t in inv.targets.items()}
+    return reports, in_flight, prepared
 
 
 def _still_open(conn: MySqlConnection, waited: list[OpenTransaction], deadline: float) -> list[OpenTransaction]:
@@ -87,14 +114,16 @@ def _replicas(conn: MySqlConnection) -> SettleResult | None:
     return None
 
 
-def settle(conn: MySqlConnection, settings: Settings, first: tuple[GateReport, list[OpenTransaction], list[str]],
-           look: Any) -> tuple[GateReport, SettleResult]:
-    """Wait for what was in flight at the look, look again, until an open verdict holds still."""
+def settle(conn: MySqlConnection, settings: Settings, first: tuple[R, list[OpenTransaction], list[str]],
+           look: Callable[[], tuple[R, list[OpenTransaction], list[str]]],
+           is_open: Callable[[R], bool]) -> tuple[R, SettleResult]:
+    """Wait for what was in flight at the look, look again, until an open verdict holds still.
+    ``is_open``: whether the look's verdict (one report, or a run's reports by key) is open."""
     deadline = time.monotonic() + settings.gate.wait
     report, in_flight, prepared = first
     facts: dict[str, Any] = {"engine": "mysql"}
     for _ in range(LOOKS):
-        if not report.open:
+        if not is_open(report):
             return report, SettleResult(True, facts=facts)
         if prepared:
             return report, SettleResult.closed("PREPARED", len(prepared), f"prepared XA transactions: "
@@ -112,7 +141,7 @@ def settle(conn: MySqlConnection, settings: Settings, first: tuple[GateReport, l
     else:
         return report, SettleResult.closed("IN_FLIGHT", max(len(in_flight), 1), "new transactions kept starting "
                                            "while the gate waited", facts)
-    if not report.open:
+    if not is_open(report):
         return report, SettleResult(True, facts=facts)
     durability = GATE_CHECKS.durability(conn)
     facts["durability"] = durability.settings
@@ -148,7 +177,7 @@ def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None
                 return _look(conn, settings, keyring, key, deep=deep, erase_excluded=erase_excluded,
                              provider=provider)
 
-            report, settled = settle(conn, settings, look(), look)
+            report, settled = settle(conn, settings, look(), look, lambda r: r.open)
             if report.open or not settled.ok:
                 apply_settled(report, settled)
         report.database = mysql_connect.database_identity(engine)
@@ -160,3 +189,51 @@ def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None
     report.scope = {"all_tenants": True, "targets": [t.name for t in settings.targets], "deep": deep,
                     "filter": {"tenant": tenant}, "erase_excluded": erase_excluded, "one_snapshot": True}
     return report
+
+
+def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: object, *,
+             targets: Sequence[TargetSettings], tenant: str | None, failed: Mapping[str, int],
+             conflicts: Mapping[str, int], run_id: str) -> dict[str, Any]:
+    """A run's gate section on MySQL / MariaDB: every older key decided by the same deep look as
+    ``gate --retire`` (one snapshot of the whole server, settled the same way), whatever the run's
+    filters; a filtered run's report also carries its slice (never deciding). Fail closed: a look
+    that cannot be taken or settled closes the key, saying why. ``failed`` and ``conflicts``: the
+    run's own rows that did not decrypt and its CONFLICTs, per target (as ``gate.retire.run_gate``)."""
+    keys = [k for k in held_keys(keyring) if k != keyring.current]
+    if not any(isinstance(scheme_class(t.format), LegacyMigration) for t in settings.targets):
+        keys = [k for k in keys if k != LEGACY_KEY]
+    names = [t.name for t in targets]
+    filtered = tenant is not None or set(names) != {t.name for t in settings.targets}
+    out: dict[str, Any] = {}
+    if not keys:
+        return out
+    try:
+        shown = (take_mysql_inventory(engine, settings, keyring, tenant=tenant, provider=provider)
+                 if filtered and tenant is not None else None)
+        with mysql_connect.raw_connection(engine) as conn:
+            def look() -> tuple[dict[str, GateReport], list[OpenTransaction], list[str]]:
+                return _look_keys(conn, settings, keyring, keys, deep=True, erase_excluded=False, provider=provider,
+                                  failed=failed, conflicts=conflicts)
+
+            verdicts, settled = settle(conn, settings, look(), look,
+                                       lambda seen: any(r.open for r in seen.values()))
+    except (DatabaseError, pymysql.err.MySQLError) as e:  # fail closed: a look that could not read decides nothing
+        reason = str(e) if isinstance(e, DatabaseError) else mysql_connect.describe_db_error(e)
+        log_event("gate_sweep_failed", level=40, run_id=run_id, error=reason)
+        return {key: {"open": False, "blocking": {}, "reason": f"the gate's look could not be taken: {reason}"}
+                for key in keys}
+    for key, report in verdicts.items():
+        if report.open:  # settled as gate --retire settles; a closed verdict stays as it was found
+            apply_settled(report, settled)
+            if not settled.ok:
+                log_event("gate_not_settled", level=30, run_id=run_id, key=key, blocking=sorted(settled.blocking),
+                          reason=settled.reason)
+        entry: dict[str, Any] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n},
+                                 **outside_targets(report)}
+        if report.durability.get("reason"):
+            entry["reason"] = report.durability["reason"]
+        if filtered:
+            entry["slice"] = slice_of(report if shown is None else evaluate_gate(shown, key, conflicts=conflicts),
+                                      tenant=tenant, targets=names)
+        out[key] = entry
+    return out

@@ -3,57 +3,69 @@ by compare-and-swap (there is no ``xmin``): ``aesgcm``, ``fpc1`` and ``vault-tra
 values rewrapped by Transit in the plan, outside the batch's transaction; a value the application
 changed meanwhile is left for the next run, as on PostgreSQL).
 
-Per target, in id order (keyset batches of ``job.batch_size`` in-scope rows, read without locks),
-the scheme plans each batch (every new value verified by decrypting it before it is planned); the
-write is one transaction per batch (``batch_transaction``: READ COMMITTED, the session's
-``innodb_lock_wait_timeout`` from ``job.lock_timeout``) through the room's ``MySqlCasGuard``: rows
-the application holds are skipped (``SKIP LOCKED``, never waited on), a row whose values are no
-longer the ones read is not written (CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP``
-columns keep their value, and what the server stored is read back and compared before COMMIT (a
-difference rolls the batch back and stops the target, exit 4). ``fpc1`` first decrypts every
-in-scope value once (the pre-pass of ``drain.fpc1_precheck``): a key any value of which fails is
-held back for the whole run. ``job.single_instance`` takes ``GET_LOCK`` (server-wide).
+The run is the Prefect flow's, as on PostgreSQL: ``rotation`` asks here for each step of it on a
+MySQL / MariaDB URL (``resolve_targets``, ``plan_shards``, ``drain``, ``verify_sample``; the gate is
+``mysql_gate.run_gate``), and these return the same types as the PostgreSQL steps.
 
-Before anything is written, each key's check value is compared with the one recorded in
-``pinrotate.key_checks`` (recorded where none is; a dry run only compares): other material under a
-recorded key id is refused, exit 2. After each ``fpc1`` target, its CONFLICTs are recorded in
-``pinrotate.conflicts`` for the gate (``mysql_bookkeeping``; a failure to record is exit 4).
+Per target or shard (ids in ``(lo, hi]``), in id order (keyset batches of the throttle's batch size
+or ``job.batch_size`` in-scope rows, read without locks), the scheme plans each batch (every new
+value verified by decrypting it before it is planned); the write is one transaction per batch
+(``batch_transaction``: READ COMMITTED, the session's ``innodb_lock_wait_timeout`` from
+``job.lock_timeout``) through the room's ``MySqlCasGuard``: rows the application holds are skipped
+(``SKIP LOCKED``, never waited on), a row whose values are no longer the ones read is not written
+(CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
+server stored is read back and compared before COMMIT (a difference rolls the batch back and stops
+the target, exit 4). Between batches, never holding a row: the stop (a cancellation, SIGTERM,
+Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the
+operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
+of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
-Not yet on MySQL (said in the report's notes): the run does not go through the Prefect flow, no
-throttle, no parallel workers, and the report's gate section says to run ``gate --retire``.
+Shards: the backlog is counted exactly in one unbuffered pass in id order (there is no
+``reltuples`` or ``TABLESAMPLE``), keeping the cumulative count at most ``SAMPLE_ROWS`` points; the
+bounds are the ids at equal shares of it.
+
+Bookkeeping (``mysql_bookkeeping``, in the server's ``pinrotate`` database): before anything is
+written, ``rotation.read_current_key`` compares each key's check value with the one recorded in
+``pinrotate.key_checks`` (recorded where none is; a dry run only compares; other material under a
+recorded key id is refused, exit 2) and ``rotation.resolve_all`` creates ``pinrotate.conflicts``
+for a run with an ``fpc1`` target. After each ``fpc1`` drain its CONFLICTs are recorded there for
+the gate (a shard adds its own and clears nothing; ``rotation.record_run_conflicts`` records the
+run's total once every shard has ended); a failure to record is exit 4.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pymysql
+import sqlalchemy as sa
+from pymysql.cursors import SSCursor
 
+from . import tracing
 from .config import Settings, TargetSettings
 from .conflicts import StateError
-from .db import database_url, make_engine
 from .drain.fpc1_precheck import HoldsFailingKeys
-from .drain.results import STOP_DB_ERROR, STOP_DEADLINE, DrainResult
+from .drain.options import DrainOptions, stop_reason
+from .drain.results import (
+    STOP_DB_ERROR,
+    STOP_KEY_UNAVAILABLE,
+    STOP_THROTTLE_CRITICAL,
+    BatchEvent,
+    DrainResult,
+)
+from .drain.shards import MIN_BATCHES_PER_SHARD, SAMPLE_ROWS, Shard
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
 from .engines.mysql.operations import OPERATIONS as ops
-from .engines.mysql.signals import ADVISORY_LOCK
-from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
-from .gate.verdict import held_keys
+from .errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
 from .keyring import Keyring
-from .mysql_bookkeeping import (
-    confirm_key_identity_mysql,
-    ensure_conflicts_table_mysql,
-    record_drain_conflicts,
-    tenant_key,
-)
-from .mysql_inventory import capacity_blocker, inventory_target, read_list
+from .log import log_event
+from .mysql_bookkeeping import record_conflicts_mysql, tenant_key
+from .mysql_inventory import FETCH_ROWS, capacity_blocker, read_list
 from .mysql_targets import read_table, resolve_mysql_target
-from .rotation import LOCK_NAME, RunReport, apply_key_policy, check_start, open_run
 from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from .schemes.registry import build_scheme
 from .schemes.transit import PREFIX as TRANSIT_PREFIX
@@ -61,57 +73,15 @@ from .schemes.transit import TRANSIT_VALUE_PATTERN
 from .scope_text import scope_condition
 
 ALIAS = "t"
-GATE_NOT_DECIDED = ("not decided by a run on MySQL / MariaDB yet: run gate --retire KEY (one snapshot of the "
-                    "whole server) before destroying it")
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
 # Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.
 NO_VERSION = 99_999_999_999
-NOT_RECORDED = "on MySQL / MariaDB this run runs without the Prefect flow, throttle or parallel workers (issue 32)"
+SAMPLE_IDS = 64  # rows a drain keeps for verify to read back
+BACKLOG = ("HISTORICAL", "LEGACY")  # what a drain moves (as the inventory counts it)
 
 
-def mysql_run(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,
-              expected_key: str | None = None, tenant: str | None = None) -> RunReport:
-    engine = make_engine(database_url(settings), pool_size=2)
-    ctx = open_run(settings, target_names=target_names, dry_run=dry_run, expected_key=expected_key, tenant=tenant,
-                   engine=engine, create_keyring=not dry_run)
-    try:
-        keyring = ctx.provider.load_keyring()
-        apply_key_policy(ctx, keyring)
-        check_start(ctx, keyring)  # --expected-key-version, fpc1's write_versioned: exit 2, nothing touched
-        report = RunReport(ctx.run_id or str(uuid.uuid4()), keyring.current, dry_run)
-        started = time.monotonic()
-        with mysql_connect.raw_connection(engine) as conn:
-            schemes = _resolve_all(conn, ctx.settings, ctx.targets, keyring, ctx.provider, tenant=tenant)
-            # Before anything is written (and once no target refuses the start): each key id is the key
-            # recorded for it, recorded where nothing is (a dry run only compares).
-            confirm_key_identity_mysql(conn, ctx.settings, keyring, ctx.provider, record=not dry_run,
-                                       run_id=report.run_id)
-            if not dry_run and any(s.guard == "cas" for s in schemes.values()):
-                try:  # where the run records its CONFLICTs for the gate, made before the first write
-                    ensure_conflicts_table_mysql(conn)
-                except StateError as e:
-                    raise RefusedToStart(f"{e}; nothing was touched") from None
-            with ADVISORY_LOCK.held(conn, LOCK_NAME) as held:
-                if ctx.settings.job.single_instance and not held:
-                    report.skipped = f"another run holds the lock {LOCK_NAME}"
-                    return report
-                for t in ctx.targets:
-                    report.targets[t.name] = drain_target(conn, ctx.settings, schemes[t.name], keyring,
-                                                          dry_run=dry_run, tenant=tenant, started=started)
-                    if not dry_run:  # fpc1: its CONFLICTs, for every later inventory and gate
-                        record_drain_conflicts(conn, schemes[t.name], report.targets[t.name], tenant=tenant,
-                                               run_id=report.run_id)
-        # Never more open than gate --retire: not decided here, so closed, saying why.
-        report.gate = {key: {"open": False, "blocking": {}, "reason": GATE_NOT_DECIDED}
-                       for key in held_keys(keyring) if key != keyring.current}
-        report.duration_ms = (time.monotonic() - started) * 1000
-        return report
-    finally:
-        ctx.close()
-
-
-def _resolve_all(conn: MySqlConnection, settings: Settings, targets: Sequence[TargetSettings], keyring: Keyring,
-                 provider: object, *, tenant: str | None) -> dict[str, Scheme]:
+def resolve_targets(conn: MySqlConnection, settings: Settings, targets: Sequence[TargetSettings], keyring: Keyring,
+                    provider: object, *, tenant: str | None) -> dict[str, Scheme]:
     """Every target resolved and its scheme bound before anything is written: one blocked target
     stops the start (exit 2, nothing touched)."""
     schemes: dict[str, Scheme] = {}
@@ -166,20 +136,26 @@ def transit_lowest_version(scheme: Scheme) -> str:
     return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
 
 
-def _select(scheme: Scheme, tenant: str | None, lo: Any, size: int) -> tuple[str, tuple[Any, ...]]:
+def _select(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int | None,
+            columns: Sequence[str] | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The stale rows in ``(lo, hi]`` in id order (``size`` of them; None: all)."""
     t = scheme.target.settings
     idcol = ops.column(t.id, ALIAS)
-    conds, params = ops.keyset(idcol, lo, None)
-    statement = ops.next_batch([idcol, *read_list(scheme)], ops.relation(t.schema_name, t.table_name, ALIAS),
-                               [stale_where(scheme, tenant), *conds], idcol)
+    conds, params = ops.keyset(idcol, lo, hi)
+    statement = ops.next_batch([idcol, *(read_list(scheme) if columns is None else columns)],
+                               ops.relation(t.schema_name, t.table_name, ALIAS), [stale_where(scheme, tenant), *conds],
+                               idcol)
+    if size is None:
+        return statement.removesuffix(" LIMIT %s"), tuple(params)
     return statement, (*params, size)
 
 
-def _rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int) -> Any:
-    """Every in-scope row in id order, batch by batch (each a list of ``(id, *read_list)``)."""
-    lo = None
+def _rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int,
+          id_range: tuple[Any, Any] = (None, None)) -> Iterator[list[tuple[Any, ...]]]:
+    """Every in-scope row of ``id_range`` in id order, batch by batch (each a list of ``(id, *read_list)``)."""
+    lo, hi = id_range
     while True:
-        statement, params = _select(scheme, tenant, lo, size)
+        statement, params = _select(scheme, tenant, lo, hi, size)
         with conn.cursor() as cur:
             cur.execute(statement, params)
             rows = [tuple(r) for r in cur.fetchall()]
@@ -189,11 +165,83 @@ def _rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int) 
         yield rows
 
 
+def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
+                  id_range: tuple[Any, Any]) -> Iterator[tuple[Any, int]]:
+    """``(id, values to move)`` of every stale row of ``id_range`` holding any, in id order: one
+    unbuffered pass, classified as the inventory classifies (no decryption)."""
+    statement, params = _select(scheme, tenant, *id_range, None)
+    cursor = conn.cursor(SSCursor)
+    try:
+        cursor.execute(statement, params)
+        while rows := cursor.fetchmany(FETCH_ROWS):
+            for row in rows:
+                n = sum(1 for value, _ in scheme.inspect(row[1:], False) if value.category in BACKLOG)
+                if n:
+                    yield row[0], n
+    finally:
+        cursor.close()
+
+
+def count_backlog(conn: MySqlConnection, scheme: Scheme, tenant: str | None, id_range: tuple[Any, Any]) -> int:
+    """Rows (``aesgcm``) or values (``fpc1``) still to move in ``id_range``, in scope."""
+    return sum(n for _, n in _backlog_rows(conn, scheme, tenant, id_range))
+
+
+def _estimated_rows(conn: MySqlConnection, t: TargetSettings) -> int:
+    """``information_schema.TABLES.TABLE_ROWS``: InnoDB's estimate of the table's rows."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE())"
+                    " AND TABLE_NAME = %s", (t.schema_name, t.table_name))
+        row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def plan_shards(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards: int) -> list[Shard]:
+    """The target's backlog as at most ``shards`` id ranges ``(lo, hi]`` of similar counts, each
+    counted exactly (one pass in id order; the cumulative count is kept at no more than about
+    ``SAMPLE_ROWS`` points, spaced by the table's ``TABLE_ROWS`` estimate). The outer ends are open,
+    so rows that turn stale later still fall in a shard; ranges are merged until each holds at least
+    ``MIN_BATCHES_PER_SHARD`` batches, as on PostgreSQL."""
+    try:
+        with mysql_connect.raw_connection(engine) as conn:
+            if shards <= 1:
+                return [Shard(options.id_range, count_backlog(conn, scheme, options.tenant, options.id_range))]
+            step = max(1, _estimated_rows(conn, scheme.target.settings) // SAMPLE_ROWS)
+            points: list[tuple[Any, int]] = []  # (id, backlog up to and including it)
+            total = 0
+            for i, (row_id, n) in enumerate(_backlog_rows(conn, scheme, options.tenant, options.id_range)):
+                total += n
+                if i % step == 0:
+                    points.append((row_id, total))
+            if points and points[-1][1] != total:
+                points.append((None, total))  # the last stretch, up to the open end
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"target {scheme.target.name}: cannot plan the shards "
+                            f"({mysql_connect.describe_db_error(e)})") from None
+    wanted = min(shards, max(1, total // (MIN_BATCHES_PER_SHARD * options.batch_size)))
+    lo, hi = options.id_range
+    if wanted <= 1 or len(points) < wanted:
+        return [Shard((lo, hi), total)]
+    bounds: list[Any] = []
+    counts: list[int] = []
+    before = 0
+    for k in range(1, wanted):
+        share = total * k // wanted
+        at = next((p for p in points if p[1] >= share and p[0] is not None), None)
+        if at is None or (bounds and at[0] == bounds[-1]) or at[1] >= total:
+            continue
+        bounds.append(at[0])
+        counts.append(at[1] - before)
+        before = at[1]
+    counts.append(total - before)
+    return [Shard(r, n) for r, n in zip(zip([lo, *bounds], [*bounds, hi]), counts)]
+
+
 def _precheck(conn: MySqlConnection, scheme: HoldsFailingKeys, base: Scheme, tenant: str | None,
-              size: int, result: DrainResult) -> None:
+              size: int, result: DrainResult, id_range: tuple[Any, Any]) -> None:
     """fpc1: decrypt every in-scope value once; hold back each key one of whose values fails."""
     failing: dict[str, int] = {}
-    for rows in _rows(conn, base, tenant, size):
+    for rows in _rows(conn, base, tenant, size, id_range):
         for row in rows:
             found = scheme.failing_values(row[2:])
             for _, key in found:
@@ -205,22 +253,109 @@ def _precheck(conn: MySqlConnection, scheme: HoldsFailingKeys, base: Scheme, ten
         scheme.hold(failing)
 
 
-def drain_target(conn: MySqlConnection, settings: Settings, scheme: Scheme, keyring: Keyring, *, dry_run: bool,
-                 tenant: str | None, started: float) -> DrainResult:
+def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResult:
+    """Drain one target, or one shard of it (``options.id_range``), as ``drain.drain_target`` does
+    on PostgreSQL: backlog, batches (``drain_target``), backlog left, its CONFLICTs recorded
+    (``record_conflicts``), the same log lines."""
     t = scheme.target.settings
-    result = DrainResult(t.name, keyring.current, dry_run=dry_run)
+    result = DrainResult(t.name, scheme.current_key, dry_run=options.dry_run)
     began = time.monotonic()
-    size = settings.job.batch_size
+    reached = False  # the drain's CONFLICTs were recorded, or its recording failed with a reason
+    try:
+        with mysql_connect.raw_connection(engine) as conn:
+            result.backlog_before = options.planned_backlog or count_backlog(conn, scheme, options.tenant,
+                                                                             options.id_range)
+            log_event("target_started", run_id=options.run_id or None, target=t.name, shard=options.shard or None,
+                      current_key=scheme.current_key, backlog=result.backlog_before, workers=1,
+                      dry_run=options.dry_run or None)
+            if result.backlog_before:
+                drain_target(conn, scheme, options, result)
+            if options.dry_run:
+                result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
+            else:
+                result.backlog_remaining = count_backlog(conn, scheme, options.tenant, options.id_range)
+            reached = True
+            record_conflicts(conn, scheme, result, options)
+    except (pymysql.err.MySQLError, DatabaseError) as e:
+        if result.stopped is None:
+            result.stopped, result.retryable = STOP_DB_ERROR, True
+            result.error = (str(e) if isinstance(e, DatabaseError)
+                            else f"target {t.name}: {mysql_connect.describe_db_error(e)}")
+        if not options.dry_run and not reached:
+            result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
+    if not reached and not options.dry_run and scheme.guard == "cas":
+        # Fail closed: a gate that cannot see this drain's CONFLICTs must not open on its word.
+        result.state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+    if result.state_error is not None:
+        result.error = result.error or f"target {t.name}: {result.state_error}"
+        log_event("state_not_saved", level=40, run_id=options.run_id or None, target=t.name,
+                  error=result.state_error)
+    result.duration_ms = (time.monotonic() - began) * 1000
+    log_event("target_completed", run_id=options.run_id or None, target=t.name, shard=options.shard or None,
+              reencrypted=result.reencrypted, failed=len(result.failed), conflicts=result.conflicts or None,
+              batches=result.batches, backlog_remaining=result.backlog_remaining, stopped=result.stopped,
+              duration_ms=round(result.duration_ms, 1), dry_run=options.dry_run or None)
+    return result
+
+
+def record_conflicts(conn: MySqlConnection, scheme: Scheme, result: DrainResult, options: DrainOptions) -> None:
+    """After a non-dry drain of a ``cas`` target (``fpc1``): its CONFLICTs in ``pinrotate.conflicts``
+    for the gate, as ``guard_cas`` records them on PostgreSQL. A shard (an id range) adds its own
+    and clears nothing: its siblings' are not its own (``rotation.record_run_conflicts`` records the
+    run's total once all have ended). A failure leaves the drain fail-closed (``state_error``: exit 4)."""
+    if options.dry_run or scheme.guard != "cas":
+        return
+    try:
+        record_conflicts_mysql(conn, result.target, result.conflicts_by_tenant, tenant_scope=options.tenant,
+                               complete=result.stopped is None, run_id=options.run_id,
+                               shard=options.id_range != (None, None))
+    except StateError as e:
+        result.state_error = str(e)
+
+
+def _wait_for_next_batch(options: DrainOptions, first: bool) -> int:
+    """Before a batch, holding no row: the throttle's wait (or ``inter_batch_delay``); the size of
+    the next batch."""
+    if options.throttle is not None:
+        options.throttle.before_batch(options.stop, options.deadline, first=first)
+        return options.throttle.batch_size
+    if options.inter_batch_delay and not first:
+        left = options.inter_batch_delay if options.deadline is None else options.deadline - time.monotonic()
+        options.stop.wait(max(0.0, min(options.inter_batch_delay, left)))
+    return options.batch_size
+
+
+def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, result: DrainResult) -> None:
+    """The batches of one target or shard into ``result``: stops between batches only (the stop,
+    the deadline, a fail-closed error)."""
+    t = scheme.target.settings
+    dry_run, tenant = options.dry_run, options.tenant
     kv = scheme.target.key_version if t.format != "fpc1" else None
     ciphers = [c.name for c in scheme.target.columns]
     table = read_table(conn, t, writing=not dry_run)
     guard = MySqlCasGuard(table, t.id, [*ciphers, *([kv.name] if kv else [])],
                           stale_where=stale_where(scheme, tenant))
     if isinstance(scheme, HoldsFailingKeys):
-        _precheck(conn, scheme, scheme, tenant, size, result)
+        _precheck(conn, scheme, scheme, tenant, options.batch_size, result, options.id_range)
     known_failed = {f.id for f in result.failed}
+    lo, hi = options.id_range
+    batch_no = 0
     try:
-        for rows in _rows(conn, scheme, tenant, size):
+        while True:
+            size = _wait_for_next_batch(options, batch_no == 0)
+            reason = stop_reason(options)
+            if reason is not None:
+                result.stopped = reason
+                break
+            started = time.perf_counter()
+            statement, params = _select(scheme, tenant, lo, hi, size)
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+                rows = [tuple(r) for r in cur.fetchall()]
+            if not rows:
+                break
+            lo = rows[-1][0]
+            batch_no += 1
             plan = scheme.plan(rows, known_failed)
             for f in plan.failed:
                 if f.id not in known_failed:
@@ -228,52 +363,98 @@ def drain_target(conn: MySqlConnection, settings: Settings, scheme: Scheme, keyr
                     known_failed.add(f.id)
             for name, n in plan.counts.items():
                 result.counts[name] = result.counts.get(name, 0) + n
+            conflicts = 0
             if dry_run:
-                result.reencrypted += plan.planned
-                continue
-            if not plan.writes:
-                continue
-            read = {row[0]: row for row in rows}
-            new: dict[Any, list[Any]] = {}
-            weight: dict[Any, int] = {}
-            for w in plan.writes:
-                for j, row_id in enumerate(w.ids):
-                    values = new.setdefault(row_id, list(read[row_id][2:]))
-                    for k, column in enumerate(w.columns):
-                        values[column] = w.new[k][j]
-                    weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
-            current = [int(keyring.current)] if kv else []
-            cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
-                   for row_id, values in new.items()]
-            with batch_transaction(conn, settings.job.lock_timeout):
-                outcome = guard.write(conn, cas)
-                if outcome.mismatched:
-                    raise _Mismatch(len(outcome.mismatched))
-            result.batches += 1
-            result.reencrypted += sum(weight[i] for i in outcome.written)
-            if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
-                for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
-                    by = tenant_key(read[row_id][1])
-                    result.conflicts += weight[row_id]
-                    result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
-            # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
-            if settings.job.inter_batch_delay:
-                time.sleep(settings.job.inter_batch_delay)
-            if time.monotonic() - started > settings.job.max_run_duration:
-                result.notes.append("stopped at job.max_run_duration; the next run resumes")
-                result.stopped = STOP_DEADLINE  # saw part of the target: clears no earlier CONFLICT
-                break
+                moved = plan.planned
+                result.reencrypted += moved
+            elif not plan.writes:
+                moved = 0
+            else:
+                read = {row[0]: row for row in rows}
+                new: dict[Any, list[Any]] = {}
+                weight: dict[Any, int] = {}
+                for w in plan.writes:
+                    for j, row_id in enumerate(w.ids):
+                        values = new.setdefault(row_id, list(read[row_id][2:]))
+                        for k, column in enumerate(w.columns):
+                            values[column] = w.new[k][j]
+                        weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
+                current = [int(scheme.current_key)] if kv else []
+                cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
+                       for row_id, values in new.items()]
+                # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
+                with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
+                    with batch_transaction(conn, options.lock_timeout):
+                        outcome = guard.write(conn, cas)
+                        if outcome.mismatched:
+                            raise _Mismatch(len(outcome.mismatched))
+                    moved = sum(weight[i] for i in outcome.written)
+                    tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
+                                          (f.reason for f in plan.failed))
+                result.batches += 1
+                result.reencrypted += moved
+                result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
+                if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
+                    for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
+                        by = tenant_key(read[row_id][1])
+                        conflicts += weight[row_id]
+                        result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
+                    result.conflicts += conflicts
+                # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
+                if options.throttle is not None:  # read-to-commit time feeds the batch sizer
+                    options.throttle.batch_done(time.perf_counter() - started, len(rows))
+            _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
     except _Mismatch as e:
         result.stopped, result.error = STOP_DB_ERROR, (f"{e.rows} row(s) read back differently from what was "
                                                        "written (a trigger or a truncation?): the batch was rolled back")
+    except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
+        result.stopped, result.error = STOP_THROTTLE_CRITICAL, str(e)
+    except KeyUnavailable as e:
+        result.stopped, result.error, result.retryable = STOP_KEY_UNAVAILABLE, str(e), e.retryable
+    except DatabaseError as e:
+        result.stopped, result.error, result.retryable = STOP_DB_ERROR, str(e), True
     except pymysql.err.MySQLError as e:
-        result.stopped, result.error = STOP_DB_ERROR, f"the batch was rolled back ({mysql_connect.describe_db_error(e)})"
-    after = inventory_target(conn, scheme, tenant=tenant)
-    result.backlog_remaining = (after.counts["HISTORICAL"] + after.counts["LEGACY"]) if not dry_run else \
-        max(after.counts["HISTORICAL"] + after.counts["LEGACY"] - result.reencrypted, 0)
-    result.notes.append(NOT_RECORDED)
-    result.duration_ms = (time.monotonic() - began) * 1000
-    return result
+        result.stopped, result.retryable = STOP_DB_ERROR, True
+        result.error = f"the batch was rolled back ({mysql_connect.describe_db_error(e)})"
+    if result.stopped in (STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL):
+        log_event("batch_failed", level=40, run_id=options.run_id or None, target=t.name, worker=0,
+                  reason=result.stopped, error=result.error)
+
+
+def _record(options: DrainOptions, target: str, batch_no: int, rows: int, moved: int, failed: int, conflicts: int,
+            started: float) -> None:
+    """A committed (or, in a dry run, computed) batch: its log line and the progress callback, as
+    the PostgreSQL pipeline tells them."""
+    event = BatchEvent(target, 0, batch_no, rows, moved, failed, (time.perf_counter() - started) * 1000,
+                       options.dry_run, conflicts=conflicts)
+    log_event("batch_processed", run_id=options.run_id or None, target=target, shard=options.shard or None,
+              worker=0, batch=batch_no, rows=rows, reencrypted=moved, failed=failed, conflicts=conflicts or None,
+              duration_ms=round(event.duration_ms, 1), dry_run=options.dry_run or None)
+    if options.on_batch is not None:
+        options.on_batch(event)
+
+
+def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tuple[int, int]:
+    """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
+    t = scheme.target.settings
+    idcol = ops.column(t.id, ALIAS)
+    statement = (f"SELECT {idcol}, {', '.join(read_list(scheme))} FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
+                 f" WHERE {idcol} IN ({', '.join(['%s'] * len(ids))})")
+    sampled = ok = 0
+    try:
+        with mysql_connect.raw_connection(engine) as conn, conn.cursor() as cur:
+            cur.execute(statement, tuple(ids))
+            rows = list(cur.fetchall())
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"target {t.name}: cannot read the rows to verify "
+                            f"({mysql_connect.describe_db_error(e)})") from None
+    for row in rows:
+        sampled += 1
+        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
+            log_event("verify_failed", level=40, target=t.name, id=str(row[0]))
+        else:
+            ok += 1
+    return sampled, ok
 
 
 class _Mismatch(Exception):

@@ -15,13 +15,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+import pymysql
 import sqlalchemy as sa
 from psycopg import sql
 
+from . import mysql_gate, mysql_run
 from .config import Settings, TargetSettings
 from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
+from .engines.mysql import connect as mysql_connect
+from .engines.mysql.signals import ADVISORY_LOCK
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .forge_discovery import with_forge_targets
 from .gate import run_gate
@@ -29,6 +33,8 @@ from .inventory import Inventory, capacity_blocker, take_inventory
 from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
+from .mysql_bookkeeping import confirm_key_identity_mysql, ensure_conflicts_table_mysql, record_conflicts_mysql
+from .mysql_commands import on_mysql
 from .providers import KeyProvider, build_provider
 
 # The report and exit codes live in run_report; callers name them rotation.* (explicit re-exports, as mypy
@@ -66,6 +72,7 @@ from .schemes.registry import build_scheme, check_keyring, reads_row_versions, s
 from .scope import check_tenant_scope
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
+from .throttle.mysql import MySqlThrottle
 
 if TYPE_CHECKING:
     from .metrics import RotationMetrics
@@ -107,10 +114,16 @@ class RunContext:
                 or any(v is not None for v in (job.max_replica_lag, job.critical_replica_lag,
                                                job.max_active_sessions, job.critical_active_sessions)))
 
+    @property
+    def on_mysql(self) -> bool:
+        """A MySQL / MariaDB database: each step asks ``mysql_run`` / ``mysql_gate`` (issue 32)."""
+        return on_mysql(self.settings)
+
     def run_throttle(self) -> Throttle:
         if self.throttle is None:
-            self.throttle = Throttle.from_settings(self.engine, self.settings, control=self.throttle_control,
-                                                   run_id=self.run_id)
+            kind = MySqlThrottle if self.on_mysql else Throttle
+            self.throttle = kind.from_settings(self.engine, self.settings, control=self.throttle_control,
+                                               run_id=self.run_id)
         return self.throttle
 
     def close(self) -> None:
@@ -149,9 +162,16 @@ def read_current_key(ctx: RunContext, *, announce: bool = True, record: bool | N
     apply_key_policy(ctx, keyring)
     check_start(ctx, keyring)
     # Before anything is written: each key id is the key recorded for it (a dry run only compares).
-    confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider,
-                         record=not ctx.dry_run if record is None else record,
-                         run_id=None if record is False else ctx.run_id)
+    recording = not ctx.dry_run if record is None else record
+    run_id = None if record is False else ctx.run_id
+    quiet = record is False  # the check before the run: the run itself says what it found
+    if ctx.on_mysql:  # in the server's pinrotate database (mysql_bookkeeping)
+        with mysql_connect.raw_connection(ctx.engine) as my:
+            confirm_key_identity_mysql(my, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
+                                       quiet=quiet)
+    else:
+        confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
+                             quiet=quiet)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
@@ -185,6 +205,16 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
     """Resolve every target and bind its scheme before anything is written: one blocked target
     stops the start (exit 2)."""
     assert ctx.keyring is not None, "read_current_key first"
+    if ctx.on_mysql:
+        with mysql_connect.raw_connection(ctx.engine) as my:
+            ctx.schemes.update(mysql_run.resolve_targets(my, ctx.settings, ctx.targets, ctx.keyring, ctx.provider,
+                                                         tenant=ctx.tenant))
+            if not ctx.dry_run and any(s.guard == "cas" for s in ctx.schemes.values()):
+                try:  # where this run records its CONFLICTs for the gate, made before the first write
+                    ensure_conflicts_table_mysql(my)
+                except StateError as e:
+                    raise RefusedToStart(f"{e}; nothing was touched") from None
+        return ctx.schemes
     try:
         with raw_connection(ctx.engine) as conn:
             for t in ctx.targets:
@@ -215,6 +245,8 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end;
     ``planned_backlog``: its backlog as ``plan_shards`` counted it, so the drain need not count again)."""
     options = replace(_drain_options(ctx, workers, on_batch, id_range), planned_backlog=planned_backlog, shard=shard)
+    if ctx.on_mysql:
+        return mysql_run.drain(ctx.engine, ctx.schemes[name], options)
     return drain_target(ctx.engine, ctx.schemes[name], options)
 
 
@@ -235,6 +267,8 @@ def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     (one range for a target with nothing to do): the shards a distributed run drains side by side.
     A big table's backlogs are estimates (``Shard.exact`` false); a drain started from one counts
     what it leaves when it ends, as every drain does."""
+    if ctx.on_mysql:
+        return mysql_run.plan_shards(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
@@ -247,15 +281,25 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
     if ctx.dry_run or not names:
         return
     try:
-        with raw_connection(ctx.engine) as conn:
-            for name in names:
-                r = results[name]
-                try:
-                    record_conflicts(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
-                                     complete=r.stopped is None, run_id=ctx.run_id)
-                except StateError as e:
-                    r.state_error = str(e)
-    except DatabaseError:
+        if ctx.on_mysql:  # in the server's pinrotate database (mysql_bookkeeping)
+            with mysql_connect.raw_connection(ctx.engine) as my:
+                for name in names:
+                    r = results[name]
+                    try:
+                        record_conflicts_mysql(my, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
+                                               complete=r.stopped is None, run_id=ctx.run_id)
+                    except StateError as e:
+                        r.state_error = str(e)
+        else:
+            with raw_connection(ctx.engine) as conn:
+                for name in names:
+                    r = results[name]
+                    try:
+                        record_conflicts(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
+                                         complete=r.stopped is None, run_id=ctx.run_id)
+                    except StateError as e:
+                        r.state_error = str(e)
+    except (DatabaseError, pymysql.err.MySQLError):
         for name in names:
             results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
     for name in names:
@@ -268,11 +312,12 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
     out: dict[str, Any] = {}
-    with raw_connection(ctx.engine) as conn:
+    with contextlib.nullcontext(None) if ctx.on_mysql else raw_connection(ctx.engine) as conn:
         for name, result in results.items():
             entry: dict[str, Any] = {"backlog": result.backlog_remaining}
             if not ctx.dry_run and result.sample_ids:
-                sampled, ok = _verify_sample(conn, ctx.schemes[name], result.sample_ids)
+                sampled, ok = (mysql_run.verify_sample(ctx.engine, ctx.schemes[name], result.sample_ids)
+                               if conn is None else _verify_sample(conn, ctx.schemes[name], result.sample_ids))
                 entry.update(sampled=sampled, decrypted=ok, ok=(ok == sampled))
             else:
                 entry.update(sampled=0, decrypted=0, ok=True)
@@ -301,6 +346,9 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
     # A row that does not decrypt, or that did not store the value written (left on its old key).
     failed = {name: sum(1 for f in r.failed if f.reason in (DECRYPT_FAILED, NOT_STORED)) for name, r in results.items()}
     conflicts = {name: r.conflicts for name, r in results.items()}
+    if ctx.on_mysql:
+        return mysql_gate.run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets,
+                                   tenant=ctx.tenant, failed=failed, conflicts=conflicts, run_id=ctx.run_id)
     return run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets, tenant=ctx.tenant,
                     failed=failed, conflicts=conflicts, run_id=ctx.run_id)
 
@@ -310,6 +358,10 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
     """Hold the advisory lock of contract §7 for the run when configured; yields False if it is held."""
     if not ctx.settings.job.single_instance:
         yield True
+        return
+    if ctx.on_mysql:  # GET_LOCK: server-wide, held by this connection's session
+        with mysql_connect.raw_connection(ctx.engine) as my, ADVISORY_LOCK.held(my, LOCK_NAME) as held:
+            yield held
         return
     with raw_connection(ctx.engine) as conn:
         try:

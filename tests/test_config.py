@@ -436,6 +436,10 @@ NEWER_BAD = {
     "replica_not_a_postgresql_url": (config_text(database=f'url = "{DB_URL}"\nreplicas = ["mysql://{SECRET}@h/d"]'),
                                      "database.replicas: entry 1 is not a postgresql:// URL"),
     "replicas_not_a_list": (config_text(database=f'url = "{DB_URL}"\nreplicas = "{DB_URL}"'), "database.replicas"),
+    # Beside a MySQL / MariaDB database, its replicas are MySQL / MariaDB servers (their own lag is read).
+    "mysql_replica_not_a_mysql_url": (config_text(database='url = "mysql://app@h:3306/d"\n'
+                                                           f'replicas = ["postgresql://{SECRET}@h/d"]'),
+                                      "database.replicas: entry 1 is not a mysql:// or mariadb:// URL"),
 }
 
 
@@ -540,3 +544,9 @@ def test_legacy_algorithm_defaults_to_forges_own_setting_and_may_be_set_per_targ
     bad = fpc1.replace('id_card = "aes"', 'address = "AES"')
     with pytest.raises(ConfigError, match=r"^[^\n]*legacy_algorithm names column address"):
         load_settings(write(tmp_path / "r.toml", config_text() + bad), env={})
+
+
+def test_replicas_of_a_mysql_database_are_mysql_or_mariadb_urls(tmp_path: Path) -> None:
+    path = write(tmp_path / "pinrotate.toml", config_text(
+        database='url = "mysql://app@h:3306/d"\nreplicas = ["mysql://app@r1:3306/d", "mariadb://app@r2/d"]'))
+    assert load_settings(str(path)).database.replicas == ("mysql://app@r1:3306/d", "mariadb://app@r2/d")

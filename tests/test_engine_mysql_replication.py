@@ -106,3 +106,38 @@ def test_a_stopped_replica_is_not_caught_up_and_has_no_lag_figure(pair: tuple[Ma
         finally:
             run(r, "START SLAVE SQL_THREAD")
         assert wait_for_position(r, position, 20)  # and it catches up once started again
+
+
+def test_the_throttle_on_mysql_waits_for_a_stopped_replica_and_for_replicas_no_url_names(
+        pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+    from pinrotate_core.engines.mysql.connect import make_engine
+    from pinrotate_core.throttle import BatchSizer, ThrottleLimits
+    from pinrotate_core.throttle.mysql import ATTACHED, MySqlThrottle
+
+    primary, replica = pair
+    with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
+        run(p, "CREATE DATABASE IF NOT EXISTS app")
+        position = GATE_CHECKS.primary_position(p)
+        assert position is not None and wait_for_position(r, position, 20)
+        engine = make_engine(primary.url("app"), pool_size=1)
+        named = MySqlThrottle(engine, BatchSizer(10), ThrottleLimits(max_replica_lag=5.0),
+                              replicas=[replica.url("app")])
+        unnamed = MySqlThrottle(engine, BatchSizer(10), ThrottleLimits(max_replica_lag=5.0))
+        try:
+            state = named.check()
+            assert state.reason is None and state.replica_lag is not None and state.replica_lag < 5, state
+            # Replicas read the primary's binary log, but no URL names them: their lag is unknown (fail-safe).
+            state = unnamed.check()
+            assert (state.reason, state.lagging) == ("lag", ATTACHED), state
+            run(r, "STOP SLAVE SQL_THREAD")
+            try:
+                state = named.check()
+                assert state.reason == "lag" and state.replica_lag is None, state
+                assert named.state()["status"] == "waiting_for_lag"
+            finally:
+                run(r, "START SLAVE SQL_THREAD")
+            assert named.check().reason is None  # resumes once replication runs again
+        finally:
+            named.close()
+            unnamed.close()
+            engine.dispose()

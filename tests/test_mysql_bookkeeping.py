@@ -24,8 +24,8 @@ from pinrotate_core.mysql_bookkeeping import (
     last_conflicts_mysql,
     record_conflicts_mysql,
 )
-from pinrotate_core.mysql_run import mysql_run
 from pinrotate_core.providers import build_provider
+from pinrotate_core.rotation import run_rotation
 from pinrotate_core.schemes.fpc1 import Fpc1Scheme
 from tests.mariadb_server import MariaDbServer
 from tests.mysql_contract.codecs import forge_fpc1
@@ -66,14 +66,28 @@ def forge(mariadb: MariaDbServer, mysql_database: str, tmp_path: Path) -> Iterat
                 pass
 
 
+def other_keyring_config(forge: ForgeInstall, tmp_path: Path) -> Path:
+    """The same configuration with another host's Forge keyring: same key ids, other material under
+    the old one."""
+    other = dict(forge.keys)
+    other[forge.old] = secrets.token_bytes(16)
+    text = forge.config.read_text(encoding="utf-8")
+    bootstrap = forge_bootstrap(tmp_path / "other" / "crypto.properties", forge.active, other, forge.legacy)
+    other_cfg = tmp_path / "other.toml"
+    other_cfg.write_text(text.replace(str(forge.config.parent / "forge" / "crypto.properties"), str(bootstrap)),
+                         encoding="utf-8")
+    assert str(bootstrap) in other_cfg.read_text(encoding="utf-8")
+    return other_cfg
+
+
 def test_a_run_records_each_keys_check_value_and_other_material_under_a_key_id_is_refused(
-        forge: ForgeInstall, tmp_path: Path) -> None:
+        forge: ForgeInstall, tmp_path: Path, prefect_api: str) -> None:
     cfg = ("--config", str(forge.config))
-    code, doc, err = rotate("run", "--dry-run", *cfg, "--json")
+    code, doc, err = rotate("run", "--dry-run", *cfg, "--json", prefect_api=prefect_api)
     assert code == 0, err
     assert bookkeeping(forge.server, "key_checks", forge.database) == []  # a dry run only compares
 
-    code, doc, err = rotate("run", "--expected-key-version", forge.active, *cfg, "--json")
+    code, doc, err = rotate("run", "--expected-key-version", forge.active, *cfg, "--json", prefect_api=prefect_api)
     assert code == 0, err
     rows = {r[0]: r[1:] for r in bookkeeping(forge.server, "key_checks", forge.database)}
     expected = {forge.active: forge.keys[forge.active], forge.old: forge.keys[forge.old]}
@@ -88,14 +102,7 @@ def test_a_run_records_each_keys_check_value_and_other_material_under_a_key_id_i
         assert "key check" not in note and "CONFLICT" not in note, note
 
     # Another host's keyring: same key ids, other material under the old one.
-    other = dict(forge.keys)
-    other[forge.old] = secrets.token_bytes(16)
-    text = forge.config.read_text(encoding="utf-8")
-    bootstrap = forge_bootstrap(tmp_path / "other" / "crypto.properties", forge.active, other, forge.legacy)
-    other_cfg = tmp_path / "other.toml"
-    other_cfg.write_text(text.replace(str(forge.config.parent / "forge" / "crypto.properties"), str(bootstrap)),
-                         encoding="utf-8")
-    assert str(bootstrap) in other_cfg.read_text(encoding="utf-8")
+    other_cfg = other_keyring_config(forge, tmp_path)
     before = forge.snapshot()
     for args in (["run", "--expected-key-version", forge.active], ["run", "--dry-run"], ["gate", "--retire", forge.old, "--shallow"]):
         code, out, err = rotate(*args, "--config", str(other_cfg), "--json")
@@ -175,7 +182,7 @@ def test_a_conflict_is_recorded_counted_by_inventory_and_cleared_by_a_clean_run(
         forge: ForgeInstall, monkeypatch: pytest.MonkeyPatch) -> None:
     new_value = _edit_during_first_batch(monkeypatch, forge, row=3)
     settings = load_settings(forge.config)
-    report = mysql_run(settings, target_names=["DataConnection"], expected_key=forge.active)
+    report = run_rotation(settings, target_names=["DataConnection"], expected_key=forge.active)
     r = report.targets["DataConnection"]
     assert r.conflicts == 1 and r.conflicts_by_tenant == {"1": 1} and report.exit_code == 4
     assert forge.rows("ai_report_data_connection")[1][3]["password_cipher"] == new_value  # the edit stands
@@ -186,7 +193,7 @@ def test_a_conflict_is_recorded_counted_by_inventory_and_cleared_by_a_clean_run(
     assert code == 0 and doc["targets"]["DataConnection"]["CONFLICT"] == 0, err
 
     monkeypatch.undo()
-    report = mysql_run(settings, target_names=["DataConnection"], expected_key=forge.active)
+    report = run_rotation(settings, target_names=["DataConnection"], expected_key=forge.active)
     assert report.targets["DataConnection"].conflicts == 0 and report.exit_code == 0
     assert bookkeeping(forge.server, "conflicts", forge.database) == []
     code, doc, err = rotate("inventory", "--config", str(forge.config), "--json")
@@ -197,7 +204,7 @@ def test_a_conflict_is_recorded_counted_by_inventory_and_cleared_by_a_clean_run(
 def test_the_gate_sees_a_recorded_conflict_and_a_role_that_cannot_read_the_records_is_blocked(
         forge: ForgeInstall, monkeypatch: pytest.MonkeyPatch) -> None:
     _edit_during_first_batch(monkeypatch, forge, row=3)
-    assert mysql_run(load_settings(forge.config), target_names=["DataConnection"], expected_key=forge.active).exit_code == 4
+    assert run_rotation(load_settings(forge.config), target_names=["DataConnection"], expected_key=forge.active).exit_code == 4
     code, doc, err = rotate("gate", "--retire", forge.old, "--config", str(forge.config), "--json")
     assert code == 3, err
     assert doc["blocking"]["CONFLICT"] == 1 and doc["targets"]["DataConnection"]["blocking"].get("CONFLICT") == 1
@@ -240,7 +247,7 @@ def test_a_role_that_may_not_create_the_bookkeeping_is_refused_before_writing(
         bare = settings.model_copy(update={"database": settings.database.model_copy(update={"url": limited})})
         before = forge.snapshot()
         with pytest.raises(RefusedToStart) as refused:
-            mysql_run(bare, expected_key=forge.active)
+            run_rotation(bare, expected_key=forge.active)
         assert "GRANT" in str(refused.value) and "pinrotate." in str(refused.value)
         assert not isinstance(refused.value, KeyIdentityMismatch)
         assert forge.snapshot() == before
@@ -261,3 +268,123 @@ def test_the_reference_prints_the_bookkeeping_ddl_the_room_runs() -> None:
     printed = [re.sub(r"\s+", " ", s).replace("( ", "(").strip() for s in section.split("```", 1)[0].split(";")]
     ours = [re.sub(r"\s+", " ", s).replace("( ", "(").strip() for s in bookkeeping_ddl()]
     assert [s for s in printed if s] == ours
+
+
+def test_a_drain_stopped_at_the_run_deadline_says_deadline_and_clears_no_earlier_conflict(
+        forge: ForgeInstall) -> None:
+    """A drain that did not see its whole target (job.max_run_duration passed) is stopped as
+    ``deadline`` between batches, and its record clears nothing an earlier run left."""
+    from pinrotate_core import rotation
+    from pinrotate_core.drain import STOP_DEADLINE
+
+    with connect(forge.server, forge.database) as conn:
+        record_conflicts_mysql(conn, "DataConnection", {"1": 3}, tenant_scope=None, complete=True, run_id="earlier")
+    before = forge.snapshot()
+    ctx = rotation.open_run(load_settings(forge.config), target_names=["DataConnection"], expected_key=forge.active)
+    try:
+        rotation.read_current_key(ctx, announce=False)
+        rotation.resolve_all(ctx)
+        ctx.started -= ctx.settings.job.max_run_duration + 1  # the run's deadline has passed
+        result = rotation.drain(ctx, "DataConnection")
+    finally:
+        ctx.close()
+    assert (result.stopped, result.reencrypted, result.state_error) == (STOP_DEADLINE, 0, None), result
+    assert result.backlog_remaining > 0
+    assert forge.snapshot() == before
+    assert bookkeeping(forge.server, "conflicts", forge.database) == [("DataConnection", "1", 3)]
+
+
+# --- through the Prefect flow (the run's own steps, not the CLI's check before it) ---------------------
+
+
+def test_a_run_through_the_flow_refuses_other_material_under_a_recorded_key_id_and_writes_nothing(
+        forge: ForgeInstall, tmp_path: Path, prefect_api: str) -> None:
+    """The flow's read_current_key task compares (and records) the keys before any drain: called
+    here without the CLI's check before Prefect starts, it alone must refuse another host's keyring."""
+    from flows.flow import run_flow
+    from pinrotate_core import rotation
+
+    ctx = rotation.open_run(load_settings(forge.config), expected_key=forge.active)
+    try:
+        rotation.read_current_key(ctx, announce=False)  # the flow's first step of a run that writes: records
+        run_id = ctx.run_id
+    finally:
+        ctx.close()
+    rows = {r[0]: r[1:] for r in bookkeeping(forge.server, "key_checks", forge.database)}
+    assert rows[forge.old][0] == independent_check_value(forge.keys[forge.old])
+    assert rows[forge.old][2].endswith(f"run {run_id}")
+
+    before = forge.snapshot()
+    outcome = run_flow(config_path=str(other_keyring_config(forge, tmp_path)), expected_key_version=forge.active)
+    assert outcome.exit_code == 2 and outcome.report is None, outcome
+    assert outcome.error is not None and forge.old in outcome.error and "pinrotate.key_checks" in outcome.error
+    assert forge.snapshot() == before  # nothing written
+    assert {r[0]: r[1:] for r in bookkeeping(forge.server, "key_checks", forge.database)} == rows
+
+
+SHARDED_ROWS = 120  # two shards of MIN_BATCHES_PER_SHARD (25) batches of 2
+
+
+@pytest.mark.server_wide  # the run's gate sweeps every database of the server (tests/conftest.py, Parallel runs)
+def test_a_sharded_fpc1_run_through_the_flow_records_its_conflicts_once_replacing_an_earlier_runs(
+        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two shards, an application edit in each: each shard adds its CONFLICT (clearing nothing of its
+    sibling's), and once both have ended the run records its total, once: 2, not the sum of the
+    shards' records and the total, and not an earlier run's 5 kept beside it."""
+    from flows.flow import run_flow
+    from tests.mysql_contract.support import file_keyring, write_toml
+
+    active, old = f"act{secrets.token_hex(5)}", f"old{secrets.token_hex(5)}"
+    keys = {active: secrets.token_bytes(16), old: secrets.token_bytes(16)}
+    with connect(mariadb, mysql_database) as conn:
+        query(conn, "CREATE TABLE creds (id bigint PRIMARY KEY, tenant varchar(20) NOT NULL, pw varchar(500) NULL)"
+                    " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO creds VALUES (%s, 'a', %s)",
+                            [(i, forge_fpc1("SM4", old, keys[old], f"password {i}")) for i in range(1, SHARDED_ROWS + 1)])
+        record_conflicts_mysql(conn, "Creds", {"a": 5}, tenant_scope=None, complete=True, run_id="earlier")
+    cfg = write_toml(tmp_path / "pinrotate.toml", {
+        "database": {"url": mariadb.url(mysql_database)},
+        "keys": {"provider": "file", "file": str(file_keyring(tmp_path / "keys" / "keys.toml", active, keys)),
+                 "write_versioned": True},
+        "job": {"batch_size": 2, "inter_batch_delay": 0, "max_degree_of_parallelism": 1},  # threads: one process
+        "targets": [{"name": "Creds", "table": "creds", "id": "id", "columns": ["pw"], "format": "fpc1",
+                     "tenant": "tenant"}],
+    })
+
+    # The application rewrites row 1 (the first shard's first batch) and row 120 (the second shard's
+    # last batch) after the run read them and before it writes.
+    plan = Fpc1Scheme.plan
+    edited: set[int] = set()
+
+    def edited_plan(self: Fpc1Scheme, rows: Any, known_failed: Any = ()) -> Any:
+        for row_id in {1, SHARDED_ROWS} - edited:
+            if any(r[0] == row_id for r in rows):
+                edited.add(row_id)
+                with connect(mariadb, mysql_database) as app:
+                    query(app, "UPDATE creds SET pw = %s WHERE id = %s",
+                          (forge_fpc1("SM4", active, keys[active], "typed by the user"), row_id))
+        return plan(self, rows, known_failed)
+
+    monkeypatch.setattr(Fpc1Scheme, "plan", edited_plan)
+    outcome = run_flow(config_path=str(cfg), expected_key_version=active)
+    report = outcome.report
+    assert report is not None, outcome
+    run_id = report["run_id"]
+    assert edited == {1, SHARDED_ROWS}
+    creds = report["targets"]["Creds"]
+    assert (creds["reencrypted"], creds["conflicts"], creds["backlog_remaining"]) == (SHARDED_ROWS - 2, 2, 0), creds
+    assert outcome.exit_code == 4  # a CONFLICT is fail-closed
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        names = {t.name for t in
+                 client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))}
+    assert {"drain-Creds-1/2", "drain-Creds-2/2"} <= names, names  # it was sharded
+    # The run's total, recorded once both shards ended: the earlier run's 5 replaced, nothing doubled.
+    assert bookkeeping(mariadb, "conflicts", mysql_database) == [("Creds", "a", 2)]
+    assert report["gate"][old]["open"] is False and report["gate"][old]["blocking"].get("CONFLICT") == 2, report["gate"]
+    code, doc, err = rotate("inventory", "--config", str(cfg), "--json")
+    assert code == 0 and doc["targets"]["Creds"]["CONFLICT"] == 2, err

@@ -93,7 +93,7 @@ def _config(tmp_path: Path, server: MariaDbServer, database: str, openbao: Any, 
 
 @pytest.mark.server_wide  # its gate sweeps the whole server (tests/conftest.py, Parallel runs)
 def test_vault_transit_runs_on_mariadb_rewrapping_every_value_to_the_latest_version(
-        mariadb: MariaDbServer, mysql_database: str, openbao: Any, tmp_path: Path) -> None:
+        mariadb: MariaDbServer, mysql_database: str, openbao: Any, tmp_path: Path, prefect_api: str) -> None:
     bao = Bao(openbao)
     plain = _seed(mariadb, mysql_database, bao)
     cfg = ("--config", str(_config(tmp_path, mariadb, mysql_database, openbao, bao)))
@@ -107,11 +107,11 @@ def test_vault_transit_runs_on_mariadb_rewrapping_every_value_to_the_latest_vers
     assert people["HISTORICAL"] == values["people"] and notes["HISTORICAL"] == values["notes"], inv
     assert people["transit_latest_version"] == 3 and people["transit_rows_behind_key_version"] == 1, people
 
-    code, dry, err = rotate("run", "--dry-run", *cfg, "--json")
+    code, dry, err = rotate("run", "--dry-run", *cfg, "--json", prefect_api=prefect_api)
     assert code == 0, err
     assert dry["targets"]["People"]["reencrypted"] == 12 and dry["targets"]["Notes"]["reencrypted"] == 12, dry
 
-    code, doc, err = rotate("run", *cfg, "--json")
+    code, doc, err = rotate("run", *cfg, "--json", prefect_api=prefect_api)
     assert code == 0, err
     assert doc["targets"]["People"]["reencrypted"] == 12 and doc["targets"]["Notes"]["reencrypted"] == 12, doc
     assert openbao.token not in err and openbao.token not in str(doc)
@@ -147,7 +147,7 @@ def test_vault_transit_runs_on_mariadb_rewrapping_every_value_to_the_latest_vers
     assert recorded == {v: (str(versions[v]), "transit-creation-time:v1", f"vault-transit {bao.mount}/{bao.key}")
                         for v in ("1", "2", "3")}, recorded
 
-    code, again, err = rotate("run", *cfg, "--json")  # nothing left: nothing written
+    code, again, err = rotate("run", *cfg, "--json", prefect_api=prefect_api)  # nothing left: nothing written
     assert code == 0 and again["targets"]["People"]["reencrypted"] == 0 == again["targets"]["Notes"]["reencrypted"]
 
     # Version 2 is still held by row 20 (behind its key-version column); version 1 is free.
@@ -163,7 +163,7 @@ def test_an_application_edit_between_read_and_rewrap_is_never_overwritten_on_mar
     """The compare-and-swap of every scheme: the application writes a row after the run read it and
     while Transit rewraps; that row keeps the application's value (left for the next run)."""
     from pinrotate_core.config import load_settings
-    from pinrotate_core.mysql_run import mysql_run
+    from pinrotate_core.rotation import run_rotation
     from pinrotate_core.schemes.transit import TransitScheme
 
     bao = Bao(openbao)
@@ -180,13 +180,13 @@ def test_an_application_edit_between_read_and_rewrap_is_never_overwritten_on_mar
         return out
 
     monkeypatch.setattr(TransitScheme, "plan", plan_then_edit)
-    report = mysql_run(load_settings(cfg), target_names=["People"])
+    report = run_rotation(load_settings(cfg), target_names=["People"])
     assert report.targets["People"].reencrypted == 11, report.as_dict()
     with connect(mariadb, mysql_database) as conn:
         (name, kv), = query(conn, "SELECT name_cipher, key_version FROM people WHERE id = 3")
     assert (name, kv) == (edited, 1)  # the application's value stands; key_version 1: the next run takes it
     monkeypatch.undo()
-    assert mysql_run(load_settings(cfg), target_names=["People"]).targets["People"].reencrypted == 1
+    assert run_rotation(load_settings(cfg), target_names=["People"]).targets["People"].reencrypted == 1
     with connect(mariadb, mysql_database) as conn:
         (name,), = query(conn, "SELECT name_cipher FROM people WHERE id = 3")
     assert name.startswith("vault:v3:") and bao.decrypt(name) == b"written by the application meanwhile"

@@ -235,11 +235,7 @@ class Throttle:
         control = self._read_control()
         with self._check:
             state = ThrottleState(control=control, reason=REASON_PAUSED if control.paused else None)
-            try:
-                with raw_connection(self.engine) as conn:
-                    self._look(conn, state)
-            except psycopg.Error as e:
-                raise DatabaseError(f"cannot read the database's health ({describe_db_error(e)})") from None
+            self._look_at_database(state)
             self._transition(state)
             self.last_state = state
             self._checked_at = time.monotonic()
@@ -259,6 +255,15 @@ class Throttle:
                       delay=control.delay)
         return control
 
+    def _look_at_database(self, state: ThrottleState) -> None:
+        """The database's part of one look, on a connection of the engine (an engine's subclass
+        reads its own signals: ``throttle.mysql``)."""
+        try:
+            with raw_connection(self.engine) as conn:
+                self._look(conn, state)
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the database's health ({describe_db_error(e)})") from None
+
     def _look(self, conn: psycopg.Connection[Any], state: ThrottleState) -> None:
         lim, meter = self.limits, self.lag_meter
         signals = read_signals(conn, wal=meter is not None, standbys=meter is not None and meter.discovers,
@@ -267,32 +272,42 @@ class Throttle:
         if meter is not None:
             lags = meter.measure(conn, signals)
             self._report_problems(meter.problems())
-            known = {name: lag for name, lag in lags.items() if lag is not None}
-            state.replica_lag = max(known.values()) if known else (0.0 if not lags else None)
-            worst = max(known, key=lambda n: known[n]) if known else None
-            if lim.critical_replica_lag is not None and state.replica_lag is not None \
-                    and state.replica_lag > lim.critical_replica_lag:
-                state.reason, state.lagging = REASON_LAG, worst
-                self._critical(state, f"replica {worst} is {state.replica_lag:.1f} s behind, above "
-                                      f"job.critical_replica_lag ({lim.critical_replica_lag:g} s)")
-            unknown = sorted(name for name, lag in lags.items() if lag is None)
-            if state.reason is None and lim.max_replica_lag is not None:
-                if unknown:
-                    # Fail-safe: a replica whose position we cannot read might be far behind.
-                    state.reason, state.lagging = REASON_LAG, unknown[0]
-                elif state.replica_lag is not None and state.replica_lag > lim.max_replica_lag:
-                    state.reason, state.lagging = REASON_LAG, worst
+            self._judge_lag(state, lags)
         if signals.busy is not None:
-            state.sessions = signals.busy
-            if lim.critical_active_sessions is not None and state.sessions > lim.critical_active_sessions:
-                self._critical(state, f"{state.sessions} active sessions, above job.critical_active_sessions "
-                                      f"({lim.critical_active_sessions})")
-            if state.reason is None and lim.max_active_sessions is not None and state.sessions > lim.max_active_sessions:
-                state.reason = REASON_LOAD
+            self._judge_load(state, signals.busy)
         if signals.blocked is not None:
             state.blocked = signals.blocked
             if state.reason is None and state.blocked:
                 state.reason = REASON_LOCKS
+
+    def _judge_lag(self, state: ThrottleState, lags: dict[str, float | None]) -> None:
+        """Wait (or stop, past the critical limit) on the replicas' lag, None: not known (fail-safe)."""
+        lim = self.limits
+        known = {name: lag for name, lag in lags.items() if lag is not None}
+        state.replica_lag = max(known.values()) if known else (0.0 if not lags else None)
+        worst = max(known, key=lambda n: known[n]) if known else None
+        if lim.critical_replica_lag is not None and state.replica_lag is not None \
+                and state.replica_lag > lim.critical_replica_lag:
+            state.reason, state.lagging = REASON_LAG, worst
+            self._critical(state, f"replica {worst} is {state.replica_lag:.1f} s behind, above "
+                                  f"job.critical_replica_lag ({lim.critical_replica_lag:g} s)")
+        unknown = sorted(name for name, lag in lags.items() if lag is None)
+        if state.reason is None and lim.max_replica_lag is not None:
+            if unknown:
+                # Fail-safe: a replica whose position we cannot read might be far behind.
+                state.reason, state.lagging = REASON_LAG, unknown[0]
+            elif state.replica_lag is not None and state.replica_lag > lim.max_replica_lag:
+                state.reason, state.lagging = REASON_LAG, worst
+
+    def _judge_load(self, state: ThrottleState, busy: int) -> None:
+        """Wait (or stop, past the critical limit) on the sessions busy now."""
+        lim = self.limits
+        state.sessions = busy
+        if lim.critical_active_sessions is not None and state.sessions > lim.critical_active_sessions:
+            self._critical(state, f"{state.sessions} active sessions, above job.critical_active_sessions "
+                                  f"({lim.critical_active_sessions})")
+        if state.reason is None and lim.max_active_sessions is not None and state.sessions > lim.max_active_sessions:
+            state.reason = REASON_LOAD
 
     def _critical(self, state: ThrottleState, message: str) -> None:
         log_event("throttle_critical", level=logging.ERROR, run_id=self.run_id or None, **state.fields())
