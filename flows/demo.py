@@ -19,9 +19,9 @@ import tempfile
 import time
 import tomllib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import tomli_w
@@ -38,6 +38,9 @@ from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import build_vault_provider
 from pinrotate_core.samples import pin_profile
 
+if TYPE_CHECKING:
+    from flows.flow import RunOutcome
+
 
 def _say(ns: argparse.Namespace, text: str) -> None:
     # Progress for people goes to stderr, so that --json keeps stdout to one document.
@@ -50,14 +53,40 @@ def run(ns: argparse.Namespace) -> int:
                           " configuration; to load the sample into your database: seed --config PATH")
     if ns.rows < 1:
         raise ConfigError("--rows: must be at least 1")
-    # A Ctrl-C (or SIGTERM) anywhere in the demo is one line and exit 130 (143), its sandbox removed:
-    # before and after the flow it unwinds the demo as Terminated; during the flow it stops the drains
-    # between batches, as in `run` (flows.terminal_run).
+    return stoppable(ns, _demo)
+
+
+def stoppable(ns: argparse.Namespace, demo: Callable[[argparse.Namespace], int]) -> int:
+    """A Ctrl-C (or SIGTERM) anywhere in a demo is one line and exit 130 (143), its sandbox removed:
+    before and after the flow it unwinds the demo as Terminated; during the flow it stops the drains
+    between batches, as in `run` (flows.terminal_run)."""
     install_stop_handlers()
     try:
-        return _demo(ns)
+        return demo(ns)
     except Terminated as e:
         return fail(ns, stop_code(e.signum), f"the demo was {stopped_by(e.signum)}; its sandbox is removed")
+
+
+def demo_flow(ns: argparse.Namespace, prefect_server: Any, database: Any, sandbox: Path,
+              **params: Any) -> RunOutcome | int:
+    """The demo's flow run, on its temporary Prefect server (started here, if any): its outcome with
+    a report, or the exit code of a demo that ended without one (its one line printed)."""
+    from flows import flow  # noqa: F401 - imported while the server starts, not after
+
+    if prefect_server is not None:
+        prefect_server.start()  # waits until it answers
+    # A second Ctrl-C ends the process at once: the sandbox (and its PostgreSQL) go with it.
+    outcome = flow_outcome(ns, prefect_server, cleanup=lambda: _remove_sandbox(database, sandbox), **params)
+    if isinstance(outcome, int):
+        return outcome
+    if outcome.report is None:
+        return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
+    if outcome.exit_code in (rotation.EXIT_INTERRUPTED, rotation.EXIT_TERMINATED):
+        how = "interrupted by Ctrl-C" if outcome.exit_code == rotation.EXIT_INTERRUPTED else "stopped"
+        moved = sum(int(t.get("reencrypted", 0)) for t in outcome.report.get("targets", {}).values())
+        return fail(ns, outcome.exit_code, f"the demo was {how}: its run stopped between batches after "
+                                           f"re-encrypting {moved} rows; its sandbox is removed")
+    return outcome
 
 
 def _demo(ns: argparse.Namespace) -> int:
@@ -106,23 +135,11 @@ def _demo(ns: argparse.Namespace) -> int:
         config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, source=str(config_path))
 
-        from flows import flow  # noqa: F401 - imported while the server starts, not after
-
-        if prefect_server is not None:
-            prefect_server.start()  # waits until it answers
-        # A second Ctrl-C ends the process at once: the sandbox (and its PostgreSQL) go with it.
-        outcome = flow_outcome(ns, prefect_server, cleanup=lambda: _remove_sandbox(server, sandbox),
-                               config_path=str(config_path), dry_run=False, targets=None, tenant=None,
-                               expected_key_version=None)
+        outcome = demo_flow(ns, prefect_server, server, sandbox, config_path=str(config_path), dry_run=False,
+                            targets=None, tenant=None, expected_key_version=None)
         if isinstance(outcome, int):
             return outcome
-        if outcome.report is None:
-            return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
-        if outcome.exit_code in (rotation.EXIT_INTERRUPTED, rotation.EXIT_TERMINATED):
-            how = "interrupted by Ctrl-C" if outcome.exit_code == rotation.EXIT_INTERRUPTED else "stopped"
-            moved = sum(int(t.get("reencrypted", 0)) for t in outcome.report.get("targets", {}).values())
-            return fail(ns, outcome.exit_code, f"the demo was {how}: its run stopped between batches after "
-                                               f"re-encrypting {moved} rows; its sandbox is removed")
+        assert outcome.report is not None
         after = rotation.inventory(settings, deep=True)
         gate = retire_gate(settings, "1")  # what `gate --retire 1` answers: the same look, never more open
         doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "persons_seeded": summary.persons,
