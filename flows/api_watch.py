@@ -259,14 +259,34 @@ def stop_at_once(flow_run_id: str | None) -> None:
     raise KeyboardInterrupt
 
 
+AT_ONCE_MESSAGE = "stopped at once by a second Ctrl-C; the open batch rolled back"
+
+
 def _mark_cancelled(flow_run_id: str) -> None:
+    """The flow run and every task run of it not yet final (the drains this process is about to end,
+    the shards never started) Cancelled: the process ends before their own engines could say so, and
+    Prefect would otherwise show them Running for ever."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
+    open_states = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED,
+                   StateType.CANCELLING]
     with contextlib.suppress(*API_ERRORS), \
             temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: 2.0}), \
             get_client(sync_client=True) as client:
-        client.set_flow_run_state(UUID(flow_run_id), Cancelled(message="stopped at once by a second Ctrl-C; "
-                                                                       "the open batch rolled back"), force=True)
+        client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=AT_ONCE_MESSAGE), force=True)
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+            task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))))
+        for task_run in task_runs:
+            client.set_task_run_state(task_run.id, Cancelled(message=AT_ONCE_MESSAGE), force=True)
 
 
 def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:

@@ -13,10 +13,8 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any, NoReturn
 
 from flows import cli_mysql, traces
@@ -31,6 +29,7 @@ from flows.reports import (
     inventory_report,
     run_report,
 )
+from flows.terminal_run import Terminated, flow_outcome, stop_code, stopped_by
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
@@ -162,19 +161,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return ns
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGINT outside a flow run's drains (a BaseException, so that nothing on the way
-    swallows it); ``signum`` says which."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop_code(signum: int) -> int:
-    return rotation.EXIT_INTERRUPTED if signum == signal.SIGINT else rotation.EXIT_TERMINATED
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -232,8 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return fail(ns, rotation.EXIT_INTERRUPTED, "interrupted by Ctrl-C; everything committed stays")
     except Terminated as e:
-        how = "interrupted by Ctrl-C" if e.signum == signal.SIGINT else "stopped by SIGTERM"
-        return fail(ns, _stop_code(e.signum), f"{how}; everything committed stays")
+        return fail(ns, stop_code(e.signum), f"{stopped_by(e.signum)}; everything committed stays")
 
 
 def _settings(ns: argparse.Namespace) -> Settings:
@@ -241,20 +226,6 @@ def _settings(ns: argparse.Namespace) -> Settings:
 
 
 # -- run --------------------------------------------------------------------------------------------
-
-def install_stop_handlers() -> None:
-    """SIGTERM or SIGINT before or after the flow's drains ends the command with exit 143 or 130.
-
-    While the drains run, the flow's own handler (flows.api_watch.signals_cancel) turns either
-    signal into a cancellation of the flow run: every drain, in any process, stops between batches
-    and the run report is printed as usual (exit 143, or 130 for a Ctrl-C).
-    """
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
 
 def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
@@ -308,45 +279,9 @@ def preflight(settings: Settings, ns: argparse.Namespace) -> None:
 
 def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) -> int:
     """Run the flow here and print its report. ``server``: the run's temporary Prefect server, if any."""
-    from flows.api_watch import API_ERRORS, STOP_SIGNALS
-    from flows.flow import RunOutcome, run_flow
-    from flows.prefect_api import api_lost_message
-    from flows.terminal_progress import SHOW_PROGRESS, wanted
-
-    install_stop_handlers()
-
-    def end_at_once() -> None:
-        # A second Ctrl-C: the open batch rolls back with its connection as the process ends.
-        fail(ns, rotation.EXIT_INTERRUPTED, "stopped at once by a second Ctrl-C: the open batch rolled back; "
-                                            "everything committed stays, the next run resumes")
-        sys.stderr.flush()
-        if server is not None:
-            server.stop()
-        os._exit(rotation.EXIT_INTERRUPTED)
-
-    def end_now(lost: RunOutcome) -> None:
-        # The run lost its Prefect API and stopped between batches: one line, exit 4, and no
-        # wait for Prefect's engine to fail at recording it.
-        fail(ns, lost.exit_code, api_lost_message(lost.error or "the Prefect API stopped answering",
-                                                  temporary=server is not None))
-        sys.stderr.flush()
-        traces.flush()
-        os._exit(lost.exit_code)
-
-    STOP_SIGNALS.at_once = end_at_once
-    SHOW_PROGRESS.set(wanted(ns.json))
-    try:
-        outcome = run_flow(on_orchestrator_lost=end_now, **params)
-    except API_ERRORS as e:  # the API went away between the check and the flow run's creation
-        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(f"the Prefect API stopped answering "
-                                                                    f"({type(e).__name__}); nothing was run",
-                                                                    temporary=server is not None))
-    except RuntimeError as e:
-        if not isinstance(e.__cause__, API_ERRORS):  # Prefect's "Failed to reach API at ..."
-            raise
-        return fail(ns, rotation.EXIT_FAIL_CLOSED, api_lost_message(
-            f"the Prefect API stopped answering ({type(e.__cause__).__name__}); nothing was run",
-            temporary=server is not None))
+    outcome = flow_outcome(ns, server, **params)
+    if isinstance(outcome, int):
+        return outcome
     traces.flush()  # the run's spans reach the collector before the command returns
     if outcome.report is None:
         return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")

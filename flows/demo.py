@@ -19,14 +19,15 @@ import tempfile
 import time
 import tomllib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import tomli_w
 
 from flows.reports import demo_report, emit, fail
+from flows.terminal_run import Terminated, flow_outcome, install_stop_handlers, stop_code, stopped_by
 from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
@@ -36,6 +37,9 @@ from pinrotate_core.providers import KeyringAdmin
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.vault import build_vault_provider
 from pinrotate_core.samples import pin_profile
+
+if TYPE_CHECKING:
+    from flows.flow import RunOutcome
 
 
 def _say(ns: argparse.Namespace, text: str) -> None:
@@ -49,10 +53,54 @@ def run(ns: argparse.Namespace) -> int:
                           " configuration; to load the sample into your database: seed --config PATH")
     if ns.rows < 1:
         raise ConfigError("--rows: must be at least 1")
+    return stoppable(ns, _demo)
+
+
+def stoppable(ns: argparse.Namespace, demo: Callable[[argparse.Namespace], int]) -> int:
+    """A Ctrl-C (or SIGTERM) anywhere in a demo is one line and exit 130 (143), its sandbox removed:
+    before and after the flow it unwinds the demo as Terminated; during the flow it stops the drains
+    between batches, as in `run` (flows.terminal_run)."""
+    install_stop_handlers()
+    try:
+        return demo(ns)
+    except Terminated as e:
+        return fail(ns, stop_code(e.signum), f"the demo was {stopped_by(e.signum)}; its sandbox is removed")
+
+
+def demo_flow(ns: argparse.Namespace, prefect_server: Any, database: Any, sandbox: Path,
+              **params: Any) -> RunOutcome | int:
+    """The demo's flow run, on its temporary Prefect server (started here, if any): its outcome with
+    a report, or the exit code of a demo that ended without one (its one line printed)."""
+    from flows import flow  # noqa: F401 - imported while the server starts, not after
+
+    if prefect_server is not None:
+        prefect_server.start()  # waits until it answers
+    # A second Ctrl-C ends the process at once: the sandbox (and its PostgreSQL) go with it.
+    outcome = flow_outcome(ns, prefect_server, cleanup=lambda: _remove_sandbox(database, sandbox), **params)
+    if isinstance(outcome, int):
+        return outcome
+    if outcome.report is None:
+        return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
+    if outcome.exit_code in (rotation.EXIT_INTERRUPTED, rotation.EXIT_TERMINATED):
+        how = "interrupted by Ctrl-C" if outcome.exit_code == rotation.EXIT_INTERRUPTED else "stopped"
+        moved = sum(int(t.get("reencrypted", 0)) for t in outcome.report.get("targets", {}).values())
+        return fail(ns, outcome.exit_code, f"the demo was {how}: its run stopped between batches after "
+                                           f"re-encrypting {moved} rows; its sandbox is removed")
+    return outcome
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from flows.prefect_api import check_prefect_api, temporary_server
+
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-"))
     os.chmod(sandbox, 0o700)
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, sandbox, ignore_errors=True)
+        # The run's temporary Prefect server (without PREFECT_API_URL), as for `run`: in a session of
+        # its own, so that a Ctrl-C reaches the demo and not the server; spawned now, so that its
+        # start-up overlaps PostgreSQL's and the seeding.
+        prefect_server = stack.enter_context(temporary_server())
+        check_prefect_api()  # a server behind PREFECT_API_URL that does not answer: exit 4, nothing done
         _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
         server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
         stack.callback(server.cleanup)  # stop the server before its folder goes (callbacks run last-in first)
@@ -87,12 +135,11 @@ def run(ns: argparse.Namespace) -> int:
         config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, source=str(config_path))
 
-        from flows.flow import run_flow
-
-        outcome = run_flow(config_path=str(config_path), dry_run=False, targets=None, tenant=None,
-                           expected_key_version=None)
-        if outcome.report is None:
-            return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
+        outcome = demo_flow(ns, prefect_server, server, sandbox, config_path=str(config_path), dry_run=False,
+                            targets=None, tenant=None, expected_key_version=None)
+        if isinstance(outcome, int):
+            return outcome
+        assert outcome.report is not None
         after = rotation.inventory(settings, deep=True)
         gate = retire_gate(settings, "1")  # what `gate --retire 1` answers: the same look, never more open
         doc = {**outcome.report, "demo": {"rows_seeded": summary.total_rows, "persons_seeded": summary.persons,
@@ -101,6 +148,13 @@ def run(ns: argparse.Namespace) -> int:
         emit(ns, doc, demo_report(doc))
         return outcome.exit_code
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _remove_sandbox(server: Any, sandbox: Path) -> None:
+    """The demo's PostgreSQL stopped and its folder removed, when the process ends at once."""
+    with contextlib.suppress(Exception):
+        server.cleanup()
+    shutil.rmtree(sandbox, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from pathlib import Path
 import psycopg
 import tomli_w
 
-from flows.reports import emit, fail, run_report
+from flows.demo import demo_flow, stoppable
+from flows.reports import emit, run_report
 from pinrotate_core import rotation
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.db import embedded_server
@@ -39,10 +40,19 @@ def _say(ns: argparse.Namespace, text: str) -> None:
 def run(ns: argparse.Namespace) -> int:
     if ns.keys != "file":
         raise ConfigError("demo --preset forge --keys: the Forge demo reads a sample Forge bootstrap file; drop --keys")
+    return stoppable(ns, _demo)
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from flows.prefect_api import check_prefect_api, temporary_server
+
     sandbox = Path(tempfile.mkdtemp(prefix="pinrotate-demo-forge-"))
     os.chmod(sandbox, 0o700)
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, sandbox, ignore_errors=True)
+        # The run's temporary Prefect server, as for `run` and the Pin profile demo (flows.demo).
+        prefect_server = stack.enter_context(temporary_server())
+        check_prefect_api()
         _say(ns, f"sandbox {sandbox}: starting embedded PostgreSQL")
         server = embedded_server(sandbox / "pgdata", cleanup_mode="delete")
         stack.callback(server.cleanup)
@@ -61,12 +71,11 @@ def run(ns: argparse.Namespace) -> int:
         config_path.write_text(tomli_w.dumps(raw), encoding="utf-8")
         settings = settings_from_mapping(raw, env={}, source=str(config_path))
 
-        from flows.flow import run_flow
-
-        outcome = run_flow(config_path=str(config_path), dry_run=False, targets=None, tenant=None,
-                           expected_key_version=forge_sample.ACTIVE)
-        if outcome.report is None:
-            return fail(ns, outcome.exit_code, outcome.error or "the flow run ended without a report")
+        outcome = demo_flow(ns, prefect_server, server, sandbox, config_path=str(config_path), dry_run=False,
+                            targets=None, tenant=None, expected_key_version=forge_sample.ACTIVE)
+        if isinstance(outcome, int):
+            return outcome
+        assert outcome.report is not None
         after = rotation.inventory(settings, deep=True)
         gate = evaluate_gate(after, "legacy")
         doc = {**outcome.report, "demo": {"preset": "forge", "rows_seeded": sum(counts.values()), "tables": counts,

@@ -108,19 +108,27 @@ def _free_port() -> int:
 
 def _spawn_server(port: int) -> subprocess.Popen[Any]:
     """Prefect's own temporary-server command (``SubprocessASGIServer._run_uvicorn_command``), in a
-    session of its own, spawned without importing Prefect's server code here."""
-    import prefect
-    from prefect.settings import get_current_settings
+    session of its own, spawned without importing Prefect here: the server's start-up (its imports,
+    seconds) is most of an ad hoc run with nothing to do, and the import of ``prefect.settings``
+    (about 0.7 s) would only delay it. The server reads Prefect's settings (environment, profile)
+    itself, as the CLI would."""
+    import importlib.util
 
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    spec = importlib.util.find_spec("prefect")
+    assert spec is not None and spec.submodule_search_locations, "prefect is not installed"
+    app_dir = Path(next(iter(spec.submodule_search_locations))).parent
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    if "prefect.settings" in sys.modules:  # settings made in this process (a test harness) reach the server too
+        from prefect.settings import get_current_settings
+
+        env.update(get_current_settings().to_environment_variables(exclude_unset=True))
     # Its output goes to a log file, never to the run's terminal: a server stopped while it starts
     # (the run refused to start) logs tracebacks that are not the user's to read.
     log_path = server_log_path()
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-c", _LAUNCH, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+            [sys.executable, "-c", _LAUNCH, "--app-dir", str(app_dir), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -131,6 +139,9 @@ def server_log_path() -> Path:
     from pinrotate_core.config import pinrotate_home
 
     return pinrotate_home() / "prefect-server.log"
+
+
+READY_POLL_S = 0.02  # asked this often whether the temporary server answers (Prefect asks every 0.1 s)
 
 
 def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
@@ -168,7 +179,7 @@ def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
                         break
                 except httpx.TransportError:
                     pass
-                time.sleep(0.1)
+                time.sleep(READY_POLL_S)
             super().start(timeout)
 
         def stop(self) -> None:
@@ -200,13 +211,19 @@ def temporary_server() -> Iterator[Any]:
     ends (after the run has reported). It is spawned at once, before Prefect's server code is
     imported here; the caller's ``server.start()`` waits until it answers (called just before the
     flow, so that the server's start-up overlaps the run's checks). With ``PREFECT_API_URL``: None."""
+    # Spawned before Prefect is imported here, when the environment names no API (the common case);
+    # a PREFECT_API_URL from a Prefect profile, read below, stops it again.
+    port = _free_port()
+    early = None if os.environ.get("PREFECT_API_URL") else _spawn_server(port)
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        if early is not None:
+            early.terminate()
+            early.wait()
         yield None
         return
-    port = _free_port()
-    server = _own_session_server(port, _spawn_server(port))
+    server = _own_session_server(port, early if early is not None else _spawn_server(port))
     try:
         yield server
     finally:

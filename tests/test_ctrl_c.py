@@ -132,3 +132,38 @@ def test_a_second_ctrl_c_stops_at_once_and_loses_nothing_committed(primary_datab
     per_key = rows_consistent(profile)  # every row whole under its own key
     assert sum(per_key.values()) == ROWS and 0 < per_key.get(2, 0) < ROWS
     print(f"stopped {seconds:.1f} s after the second Ctrl-C")
+
+
+def test_after_a_second_ctrl_c_prefect_shows_the_flow_run_and_its_drains_cancelled_not_running(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
+    proc = start_run(profile, {**os.environ, "PREFECT_API_URL": prefect_api}, "--json")
+    wait_for_batches(profile, proc)
+    ctrl_c(proc)
+    time.sleep(0.05)
+    ctrl_c(proc)
+    out, err, seconds = finish(proc)
+    doc = only_json(out, err)
+    assert proc.returncode == 130, err[-6000:]
+    assert doc["exit_code"] == 130 and "second Ctrl-C" in doc["error"]
+    assert "Traceback" not in err, err[-6000:]
+    per_key = rows_consistent(profile)  # every row whole under its own key: nothing committed lost
+    assert sum(per_key.values()) == ROWS and 0 < per_key.get(2, 0) < ROWS
+    # The error document names no run id: the run is the one flow run of this profile's config.
+    with get_client(sync_client=True) as client:
+        recent = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=200)  # the session's server
+        runs = [r for r in recent if r.parameters.get("config_path") == str(profile.config_path)]
+        assert len(runs) == 1, runs
+        state = runs[0].state
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
+    assert state is not None and state.is_cancelled(), state
+    drains = {t.name: t.state for t in task_runs if t.name.startswith("drain-")}
+    assert drains, task_runs
+    assert all(s is not None and s.is_cancelled() for s in drains.values()), drains
+    # Nothing of the run is left Running (or Pending) in Prefect's view.
+    assert all(t.state is not None and t.state.is_final() for t in task_runs), {t.name: t.state for t in task_runs}
+    print(f"stopped {seconds:.1f} s after the second Ctrl-C")

@@ -218,6 +218,43 @@ def test_sigterm_stops_the_drains_in_worker_processes_between_batches_with_exit_
     assert state is not None and state.is_cancelled()
 
 
+def test_ctrl_c_to_the_process_group_of_a_run_on_a_local_cluster_stops_between_batches_with_exit_130(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    # The local cluster's worker processes are in the terminal's foreground process group too: a
+    # Ctrl-C reaches each of them, not only the CLI. They must not die of it mid-batch, nor print
+    # KeyboardInterrupt tracebacks; the flow's cancellation stops their drains between batches.
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB, **DASK)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # a process group of its own, as a shell starts a job
+    try:
+        _wait_for_progress(profile, proc)
+        workers = _dask_workers(proc)
+        assert workers, "no local Dask worker process under the CLI"
+        os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, as the terminal does
+        began = time.monotonic()
+        code, doc, err = _finish(proc)
+        print(f"stopped {time.monotonic() - began:.1f} s after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, err[-4000:]
+    assert doc["exit_code"] == 130 and doc["stopped"] == "cancelled", doc
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
+    moved = doc["targets"]["Person"]["reencrypted"]
+    assert 0 < moved < 200
+    # What the report says moved is what committed: no batch lost, none half-done.
+    assert rows_consistent(profile) == {2: moved, 1: 200 - moved}
+    # No worker outlives the run.
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(doc["run_id"]).state
+    assert state is not None and state.is_cancelled(), state
+
+
 def test_an_unreachable_dask_scheduler_is_exit_4_with_one_line_and_nothing_written(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
