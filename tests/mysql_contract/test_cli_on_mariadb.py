@@ -72,7 +72,8 @@ def _wide_updates(server: MariaDbServer, grantee: str, database: str) -> list[tu
 
 
 def test_grants_on_a_mysql_configuration_prints_statements_a_dba_can_run_and_runs_none(
-        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path) -> None:
+        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path,
+        prefect_api: str) -> None:
     pin = install_pin(mariadb, mysql_database, tmp_path, persons=2, documents=2)
     pin.promote_new_key()
     cfg = ("--config", str(pin.config()))
@@ -130,7 +131,7 @@ def test_grants_on_a_mysql_configuration_prints_statements_a_dba_can_run_and_run
         as_role = write_toml(tmp_path / "as-role.toml", {
             **tomllib.loads(pin.config().read_text(encoding="utf-8")),
             "database": {"url": f"mysql://{role}@{mariadb.host}:{mariadb.port}/{mysql_database}"}})
-        code, doc, err = rotate("run", "--config", str(as_role), "--json")
+        code, doc, err = rotate("run", "--config", str(as_role), "--json", prefect_api=prefect_api)
         assert code == 0, err
         assert all(r["backlog_remaining"] == 0 for r in doc["targets"].values()), doc
         with connect(mariadb, None) as conn:

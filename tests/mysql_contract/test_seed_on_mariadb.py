@@ -56,7 +56,8 @@ def _plaintexts(rows: dict[str, dict[str, dict[str, Any]]], keys: dict[str, byte
 
 
 def test_seed_loads_the_pin_profile_on_mariadb_and_the_pin_rotation_moves_it_all(
-        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path) -> None:
+        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path,
+        prefect_api: str) -> None:
     doc = tomllib.loads((EXAMPLES / "pin-profile-mysql.toml").read_text(encoding="utf-8"))
     doc["database"]["url"] = mariadb.url(mysql_database)
     doc["keys"]["file"] = str(tmp_path / "keys" / "keys.toml")  # absent: seed creates it, as a run would
@@ -97,7 +98,7 @@ def test_seed_loads_the_pin_profile_on_mariadb_and_the_pin_rotation_moves_it_all
     code, inv, err = rotate("inventory", *cfg, "--json")
     assert code == 0, err
     assert inv["targets"]["Person"]["HISTORICAL"] == ROWS and inv["targets"]["VerificationRequest"]["EXCLUDED"] == 4
-    code, run, err = rotate("run", *cfg, "--json")
+    code, run, err = rotate("run", *cfg, "--json", prefect_api=prefect_api)
     assert code == 0, err
     assert {n: t["backlog_remaining"] for n, t in run["targets"].items()} == dict.fromkeys(run["targets"], 0)
     _, keys = _keys(tmp_path / "keys" / "keys.toml")
