@@ -33,8 +33,8 @@ from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
 from .errors import DatabaseError
 from .forge_discovery import with_forge_targets
-from .gate.discover import apply_discovery, outside_targets
-from .gate.retire import slice_of
+from .gate.discover import apply_discovery
+from .gate.retire import section_entry, slice_of
 from .gate.settle import apply_settled
 from .gate.settle_result import SettleResult, named
 from .gate.verdict import GateReport, check_retire_key, evaluate_gate, held_keys
@@ -228,12 +228,6 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
             if not settled.ok:
                 log_event("gate_not_settled", level=30, run_id=run_id, key=key, blocking=sorted(settled.blocking),
                           reason=settled.reason)
-        entry: dict[str, Any] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n},
-                                 **outside_targets(report)}
-        if report.durability.get("reason"):
-            entry["reason"] = report.durability["reason"]
-        if filtered:
-            entry["slice"] = slice_of(report if shown is None else evaluate_gate(shown, key, conflicts=conflicts),
-                                      tenant=tenant, targets=names)
-        out[key] = entry
+        out[key] = section_entry(report, key, shown=shown, conflicts=conflicts, tenant=tenant,
+                                 targets=names if filtered else None)
     return out

@@ -113,6 +113,21 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     return report
 
 
+def section_entry(report: GateReport, key: str, *, shown: Inventory | None, conflicts: Mapping[str, int],
+                  tenant: str | None, targets: Sequence[str] | None) -> dict[str, Any]:
+    """One key's entry in a run's gate section, on every engine: its verdict, what blocks it, what
+    lies outside the targets, why durability closed it; with a filter (``targets`` not None), the
+    slice the run's filter shows (``shown``: the tenant's own inventory, else the verdict's)."""
+    entry: dict[str, Any] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n},
+                             **outside_targets(report)}
+    if report.durability.get("reason"):
+        entry["reason"] = report.durability["reason"]
+    if targets is not None:
+        entry["slice"] = slice_of(report if shown is None else evaluate_gate(shown, key, conflicts=conflicts),
+                                  tenant=tenant, targets=targets)
+    return entry
+
+
 def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
              targets: Sequence[TargetSettings], tenant: str | None, failed: Mapping[str, int],
              conflicts: Mapping[str, int], run_id: str) -> dict[str, Any]:
@@ -174,14 +189,8 @@ def run_gate(engine: sa.Engine, settings: Settings, keyring: Keyring, provider: 
                                             provider=provider), failed)
     out: dict[str, Any] = {}
     for key, report in verdicts.items():
-        entry: dict[str, Any] = {"open": report.open, "blocking": {c: n for c, n in report.blocking.items() if n},
-                                 **outside_targets(report)}
-        if report.durability.get("reason"):
-            entry["reason"] = report.durability["reason"]
-        if filtered:
-            entry["slice"] = slice_of(report if shown is None else evaluate_gate(shown, key, conflicts=conflicts),
-                                      tenant=tenant, targets=names)
-        out[key] = entry
+        out[key] = section_entry(report, key, shown=shown, conflicts=conflicts, tenant=tenant,
+                                 targets=names if filtered else None)
     return out
 
 
