@@ -4,7 +4,7 @@ values rewrapped by Transit in the plan, outside the batch's transaction; a valu
 changed meanwhile is left for the next run, as on PostgreSQL).
 
 The run is the Prefect flow's, as on PostgreSQL: ``rotation`` asks here for each step of it on a
-MySQL / MariaDB URL (``resolve_targets``, ``plan_shards``, ``drain``, ``verify_sample``; the gate is
+MySQL / MariaDB URL (``resolve_targets``, ``mysql_selection.plan_shards``, ``drain``, ``verify_sample``; the gate is
 ``mysql_gate.run_gate``), and these return the same types as the PostgreSQL steps.
 
 Per target or shard (ids in ``(lo, hi]``), in id order (keyset batches of the throttle's batch size
@@ -20,9 +20,7 @@ Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, re
 operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
 of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
-Shards: the backlog is counted exactly in one unbuffered pass in id order (there is no
-``reltuples`` or ``TABLESAMPLE``), keeping the cumulative count at most ``SAMPLE_ROWS`` points; the
-bounds are the ids at equal shares of it.
+Which rows are read, and the shards' plan: ``mysql_selection``.
 
 Bookkeeping (``mysql_bookkeeping``, in the server's ``pinrotate`` database): before anything is
 written, ``rotation.read_current_key`` compares each key's check value with the one recorded in
@@ -36,12 +34,11 @@ run's total once every shard has ended); a failure to record is exit 4.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pymysql
 import sqlalchemy as sa
-from pymysql.cursors import SSCursor
 
 from . import tracing
 from .config import Settings, TargetSettings
@@ -55,7 +52,6 @@ from .drain.results import (
     BatchEvent,
     DrainResult,
 )
-from .drain.shards import MIN_BATCHES_PER_SHARD, SAMPLE_ROWS, Shard
 from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
@@ -64,20 +60,14 @@ from .errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, T
 from .keyring import Keyring
 from .log import log_event
 from .mysql_bookkeeping import record_conflicts_mysql, tenant_key
-from .mysql_inventory import FETCH_ROWS, capacity_blocker, read_list
+from .mysql_inventory import capacity_blocker, read_list
+from .mysql_selection import ALIAS, batches, count_backlog, select_batch, stale_where
 from .mysql_targets import read_table, resolve_mysql_target
 from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from .schemes.registry import build_scheme
-from .schemes.transit import PREFIX as TRANSIT_PREFIX
-from .schemes.transit import TRANSIT_VALUE_PATTERN
-from .scope_text import scope_condition
 
-ALIAS = "t"
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
-# Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.
-NO_VERSION = 99_999_999_999
 SAMPLE_IDS = 64  # rows a drain keeps for verify to read back
-BACKLOG = ("HISTORICAL", "LEGACY")  # what a drain moves (as the inventory counts it)
 
 
 def resolve_targets(conn: MySqlConnection, settings: Settings, targets: Sequence[TargetSettings], keyring: Keyring,
@@ -102,146 +92,11 @@ def resolve_targets(conn: MySqlConnection, settings: Settings, targets: Sequence
     return schemes
 
 
-def stale_where(scheme: Scheme, tenant: str | None) -> str:
-    """The rows a run may write: in scope and, where the row names its key (``aesgcm``, and
-    ``vault-transit`` with a key-version column), on an older one (``<``: never a row on a newer
-    key, never a NULL version), as the scheme's ``stale_condition`` says on PostgreSQL;
-    ``vault-transit`` without one: the lowest ``vault:v<N>:`` version among the row's values.
-    ``fpc1`` values are decided one by one by the plan."""
-    t = scheme.target.settings
-    kv = scheme.target.key_version
-    scope = scope_condition(t, tenant, ops, ALIAS)
-    if t.format == "fpc1":
-        return scope
-    if kv is not None:
-        return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
-    if t.format == "vault-transit":
-        return f"({scope} AND {transit_lowest_version(scheme)} < {int(scheme.current_key)})"
-    return scope
-
-
-def transit_version(column: str) -> str:
-    """The version ``N`` a stored value names when the whole value is ``vault:v<N>:<base64>``
-    (``TRANSIT_VALUE_PATTERN``, exact bytes), else NULL: ``transit.version_sql`` in MySQL."""
-    col = ops.column(column, ALIAS)
-    return (f"(CASE WHEN {ops.regex_match(col, ops.text_literal(TRANSIT_VALUE_PATTERN))}"
-            f" THEN CAST(SUBSTRING_INDEX(SUBSTRING({ops.text_of(col)}, {len(TRANSIT_PREFIX) + 1}), ':', 1)"
-            " AS UNSIGNED) END)")
-
-
-def transit_lowest_version(scheme: Scheme) -> str:
-    """The lowest version among a row's values; ``NO_VERSION`` when none is a Transit value (MySQL's
-    LEAST is NULL as soon as one argument is, where PostgreSQL's skips NULLs)."""
-    parts = [f"COALESCE({transit_version(c.name)}, {NO_VERSION})" for c in scheme.target.columns]
-    return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
-
-
-def _select(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int | None,
-            columns: Sequence[str] | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The stale rows in ``(lo, hi]`` in id order (``size`` of them; None: all)."""
-    t = scheme.target.settings
-    idcol = ops.column(t.id, ALIAS)
-    conds, params = ops.keyset(idcol, lo, hi)
-    statement = ops.next_batch([idcol, *(read_list(scheme) if columns is None else columns)],
-                               ops.relation(t.schema_name, t.table_name, ALIAS), [stale_where(scheme, tenant), *conds],
-                               idcol)
-    if size is None:
-        return statement.removesuffix(" LIMIT %s"), tuple(params)
-    return statement, (*params, size)
-
-
-def _rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int,
-          id_range: tuple[Any, Any] = (None, None)) -> Iterator[list[tuple[Any, ...]]]:
-    """Every in-scope row of ``id_range`` in id order, batch by batch (each a list of ``(id, *read_list)``)."""
-    lo, hi = id_range
-    while True:
-        statement, params = _select(scheme, tenant, lo, hi, size)
-        with conn.cursor() as cur:
-            cur.execute(statement, params)
-            rows = [tuple(r) for r in cur.fetchall()]
-        if not rows:
-            return
-        lo = rows[-1][0]
-        yield rows
-
-
-def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
-                  id_range: tuple[Any, Any]) -> Iterator[tuple[Any, int]]:
-    """``(id, values to move)`` of every stale row of ``id_range`` holding any, in id order: one
-    unbuffered pass, classified as the inventory classifies (no decryption)."""
-    statement, params = _select(scheme, tenant, *id_range, None)
-    cursor = conn.cursor(SSCursor)
-    try:
-        cursor.execute(statement, params)
-        while rows := cursor.fetchmany(FETCH_ROWS):
-            for row in rows:
-                n = sum(1 for value, _ in scheme.inspect(row[1:], False) if value.category in BACKLOG)
-                if n:
-                    yield row[0], n
-    finally:
-        cursor.close()
-
-
-def count_backlog(conn: MySqlConnection, scheme: Scheme, tenant: str | None, id_range: tuple[Any, Any]) -> int:
-    """Rows (``aesgcm``) or values (``fpc1``) still to move in ``id_range``, in scope."""
-    return sum(n for _, n in _backlog_rows(conn, scheme, tenant, id_range))
-
-
-def _estimated_rows(conn: MySqlConnection, t: TargetSettings) -> int:
-    """``information_schema.TABLES.TABLE_ROWS``: InnoDB's estimate of the table's rows."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE())"
-                    " AND TABLE_NAME = %s", (t.schema_name, t.table_name))
-        row = cur.fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
-
-
-def plan_shards(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards: int) -> list[Shard]:
-    """The target's backlog as at most ``shards`` id ranges ``(lo, hi]`` of similar counts, each
-    counted exactly (one pass in id order; the cumulative count is kept at no more than about
-    ``SAMPLE_ROWS`` points, spaced by the table's ``TABLE_ROWS`` estimate). The outer ends are open,
-    so rows that turn stale later still fall in a shard; ranges are merged until each holds at least
-    ``MIN_BATCHES_PER_SHARD`` batches, as on PostgreSQL."""
-    try:
-        with mysql_connect.raw_connection(engine) as conn:
-            if shards <= 1:
-                return [Shard(options.id_range, count_backlog(conn, scheme, options.tenant, options.id_range))]
-            step = max(1, _estimated_rows(conn, scheme.target.settings) // SAMPLE_ROWS)
-            points: list[tuple[Any, int]] = []  # (id, backlog up to and including it)
-            total = 0
-            for i, (row_id, n) in enumerate(_backlog_rows(conn, scheme, options.tenant, options.id_range)):
-                total += n
-                if i % step == 0:
-                    points.append((row_id, total))
-            if points and points[-1][1] != total:
-                points.append((None, total))  # the last stretch, up to the open end
-    except pymysql.err.MySQLError as e:
-        raise DatabaseError(f"target {scheme.target.name}: cannot plan the shards "
-                            f"({mysql_connect.describe_db_error(e)})") from None
-    wanted = min(shards, max(1, total // (MIN_BATCHES_PER_SHARD * options.batch_size)))
-    lo, hi = options.id_range
-    if wanted <= 1 or len(points) < wanted:
-        return [Shard((lo, hi), total)]
-    bounds: list[Any] = []
-    counts: list[int] = []
-    before = 0
-    for k in range(1, wanted):
-        share = total * k // wanted
-        at = next((p for p in points if p[1] >= share and p[0] is not None), None)
-        if at is None or (bounds and at[0] == bounds[-1]) or at[1] >= total:
-            continue
-        bounds.append(at[0])
-        counts.append(at[1] - before)
-        before = at[1]
-    counts.append(total - before)
-    return [Shard(r, n) for r, n in zip(zip([lo, *bounds], [*bounds, hi]), counts)]
-
-
 def _precheck(conn: MySqlConnection, scheme: HoldsFailingKeys, base: Scheme, tenant: str | None,
               size: int, result: DrainResult, id_range: tuple[Any, Any]) -> None:
     """fpc1: decrypt every in-scope value once; hold back each key one of whose values fails."""
     failing: dict[str, int] = {}
-    for rows in _rows(conn, base, tenant, size, id_range):
+    for rows in batches(conn, base, tenant, size, id_range):
         for row in rows:
             found = scheme.failing_values(row[2:])
             for _, key in found:
@@ -348,7 +203,7 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 result.stopped = reason
                 break
             started = time.perf_counter()
-            statement, params = _select(scheme, tenant, lo, hi, size)
+            statement, params = select_batch(scheme, tenant, lo, hi, size)
             with conn.cursor() as cur:
                 cur.execute(statement, params)
                 rows = [tuple(r) for r in cur.fetchall()]

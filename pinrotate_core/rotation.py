@@ -12,14 +12,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pymysql
 import sqlalchemy as sa
 from psycopg import sql
 
-from . import mysql_gate, mysql_run
+from . import mysql_gate, mysql_run, mysql_selection
 from .config import Settings, TargetSettings
 from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
@@ -30,7 +30,7 @@ from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .forge_discovery import with_forge_targets
 from .gate import run_gate
 from .inventory import Inventory, capacity_blocker, take_inventory
-from .key_checks import STOP_KEY_MISMATCH, confirm_key_identity
+from .key_checks import confirm_key_identity
 from .keyring import Keyring
 from .log import log_event
 from .mysql_bookkeeping import confirm_key_identity_mysql, ensure_conflicts_table_mysql, record_conflicts_mysql
@@ -65,6 +65,9 @@ from .run_report import (
     RunReport as RunReport,
 )
 from .run_report import (
+    record_metrics as record_metrics,
+)
+from .run_report import (
     target_report as target_report,
 )
 from .schemes.base import DECRYPT_FAILED, NOT_STORED, LegacyMigration, Scheme
@@ -73,9 +76,6 @@ from .scope import check_tenant_scope
 from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
 from .throttle.mysql import MySqlThrottle
-
-if TYPE_CHECKING:
-    from .metrics import RotationMetrics
 
 LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
 VERIFY_SAMPLE = 64
@@ -268,7 +268,7 @@ def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     A big table's backlogs are estimates (``Shard.exact`` false); a drain started from one counts
     what it leaves when it ends, as every drain does."""
     if ctx.on_mysql:
-        return mysql_run.plan_shards(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
+        return mysql_selection.plan_shards(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
     return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
@@ -419,34 +419,6 @@ def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = No
         return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
     finally:
         engine.dispose()
-
-
-def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
-    """Fold a finished run into the metrics of contract §7 (counts and names only)."""
-    for name, r in report.targets.items():
-        metrics.set_progress(name, r.backlog_remaining)
-        if r.reencrypted and not report.dry_run:
-            metrics.add_processed(name, r.reencrypted)
-        for reason in ("decrypt_failed", "unknown_key"):
-            n = sum(1 for f in r.failed if f.reason == reason)
-            if n:
-                # A value naming a key the keyring lacks is a key-provider failure, not a bad value.
-                metrics.add_error("key_unavailable" if reason == "unknown_key" else reason, n)
-        stored_otherwise = sum(1 for f in r.failed if f.reason == NOT_STORED)
-        if stored_otherwise:
-            # The database stored something other than what was written (a trigger, a truncation):
-            # a database-side failure in the contract's fixed reasons (§7), never silently uncounted.
-            metrics.add_error("db_error", stored_otherwise)
-        if r.conflicts:
-            metrics.add_error("conflict", r.conflicts)
-        if r.stopped in ("key_unavailable", "db_error"):
-            metrics.add_error(r.stopped)
-        elif r.stopped == STOP_KEY_MISMATCH:
-            metrics.add_error("key_unavailable")  # a worker without the real key: the key alert fires
-    metrics.observe_run_duration_ms(report.duration_ms)
-    metrics.set_current_key(report.current_key)
-    if report.exit_code == EXIT_OK and not report.dry_run:
-        metrics.mark_success()
 
 
 def conclude(ctx: RunContext, report: RunReport) -> None:

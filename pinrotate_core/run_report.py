@@ -1,12 +1,17 @@
-"""A run's report (contract §6, ``run --json``) and the exit codes of §4 it decides."""
+"""A run's report (contract §6, ``run --json``), the exit codes of §4 it decides, and what it adds to
+the metrics of §7."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .drain import STOP_CANCELLED, DrainResult
 from .key_checks import STOP_KEY_MISMATCH
+from .schemes.base import NOT_STORED
+
+if TYPE_CHECKING:
+    from .metrics import RotationMetrics
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -79,3 +84,31 @@ def target_report(r: DrainResult) -> dict[str, Any]:
     if r.failed:
         out["failed_rows"] = [f.as_dict() for f in r.failed[:100]]
     return out
+
+
+def record_metrics(report: RunReport, metrics: RotationMetrics) -> None:
+    """Fold a finished run into the metrics of contract §7 (counts and names only)."""
+    for name, r in report.targets.items():
+        metrics.set_progress(name, r.backlog_remaining)
+        if r.reencrypted and not report.dry_run:
+            metrics.add_processed(name, r.reencrypted)
+        for reason in ("decrypt_failed", "unknown_key"):
+            n = sum(1 for f in r.failed if f.reason == reason)
+            if n:
+                # A value naming a key the keyring lacks is a key-provider failure, not a bad value.
+                metrics.add_error("key_unavailable" if reason == "unknown_key" else reason, n)
+        stored_otherwise = sum(1 for f in r.failed if f.reason == NOT_STORED)
+        if stored_otherwise:
+            # The database stored something other than what was written (a trigger, a truncation):
+            # a database-side failure in the contract's fixed reasons (§7), never silently uncounted.
+            metrics.add_error("db_error", stored_otherwise)
+        if r.conflicts:
+            metrics.add_error("conflict", r.conflicts)
+        if r.stopped in ("key_unavailable", "db_error"):
+            metrics.add_error(r.stopped)
+        elif r.stopped == STOP_KEY_MISMATCH:
+            metrics.add_error("key_unavailable")  # a worker without the real key: the key alert fires
+    metrics.observe_run_duration_ms(report.duration_ms)
+    metrics.set_current_key(report.current_key)
+    if report.exit_code == EXIT_OK and not report.dry_run:
+        metrics.mark_success()
