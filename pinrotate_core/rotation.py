@@ -281,24 +281,18 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
     if ctx.dry_run or not names:
         return
     try:
-        if ctx.on_mysql:  # in the server's pinrotate database (mysql_bookkeeping)
-            with mysql_connect.raw_connection(ctx.engine) as my:
-                for name in names:
-                    r = results[name]
-                    try:
-                        record_conflicts_mysql(my, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
-                                               complete=r.stopped is None, run_id=ctx.run_id)
-                    except StateError as e:
-                        r.state_error = str(e)
-        else:
-            with raw_connection(ctx.engine) as conn:
-                for name in names:
-                    r = results[name]
-                    try:
-                        record_conflicts(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant,
-                                         complete=r.stopped is None, run_id=ctx.run_id)
-                    except StateError as e:
-                        r.state_error = str(e)
+        # On MySQL in the server's pinrotate database (mysql_bookkeeping); the same rules either way.
+        opened: contextlib.AbstractContextManager[Any] = (
+            mysql_connect.raw_connection(ctx.engine) if ctx.on_mysql else raw_connection(ctx.engine))
+        record: Callable[..., None] = record_conflicts_mysql if ctx.on_mysql else record_conflicts
+        with opened as conn:
+            for name in names:
+                r = results[name]
+                try:
+                    record(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant, complete=r.stopped is None,
+                           run_id=ctx.run_id)
+                except StateError as e:
+                    r.state_error = str(e)
     except (DatabaseError, pymysql.err.MySQLError):
         for name in names:
             results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
