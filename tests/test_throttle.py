@@ -358,6 +358,7 @@ def test_more_busy_sessions_than_max_active_sessions_make_the_drain_wait(engine:
         assert throttle.last_state.reason is None
     finally:
         _cancel(replicated_database, sleepers)
+        _join(threads)  # a connection closed while its thread is inside execute aborts the process (libpq)
         for c in sleepers:
             c.close()
 
@@ -378,6 +379,7 @@ def test_our_own_busy_sessions_do_not_count_as_load(engine: sa.Engine, replicate
         assert state.sessions is not None and state.sessions <= 1
     finally:
         _cancel(replicated_database, ours)
+        _join(threads)  # CI: closing one mid-execute crashed the xdist worker ("Fatal Python error: Aborted")
         for c in ours:
             c.close()
 
@@ -642,6 +644,13 @@ def _sleep_until_cancelled(conn: psycopg.Connection[Any]) -> None:
         pass
     except psycopg.OperationalError:
         pass
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    """Wait for the sleepers to leave ``execute`` (cancelled) before their connections are closed."""
+    for t in threads:
+        if t.is_alive():
+            t.join(timeout=30)
 
 
 def _cancel(url: str, conns: list[psycopg.Connection[Any]]) -> None:
