@@ -231,30 +231,28 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # Validate the configuration before Prefect starts: a bad file answers at once with exit 2.
     traces.check_environment()
     settings = _settings(ns)
-    from flows.prefect_api import check_prefect_api, temporary_server
+    from flows.prefect_api import early_server
 
-    # The run's temporary Prefect server (without PREFECT_API_URL) lives in a session of its own, so
-    # that a Ctrl-C reaches the run, not its server; it is stopped after the run has reported. It is
-    # spawned first, so that its start-up (seconds) overlaps the checks below.
-    with temporary_server() as server:
-        # Refused credentials answer first (exit 2, nothing read); an unreachable server answers
-        # after the configuration and targets are checked, so that a bad file or a missing table is
-        # named as such (exit 2) even while the server is down.
-        try:
-            check_prefect_api()
-            unreachable = None
-        except PrefectApiUnreachable as e:
-            unreachable = e
+    # Without PREFECT_API_URL, the run's temporary Prefect server is spawned first, so that its
+    # start-up (seconds) overlaps the checks below; it lives in a session of its own, so that a
+    # Ctrl-C reaches the run, not its server, and is stopped after the run has reported. Prefect
+    # itself is imported only once the checks pass: a refused run (a bad configuration, keyring or
+    # target; exit 2) answers without it. The Prefect API is asked after the checks: refused
+    # credentials are exit 2, an unreachable server exit 4, both before anything is written.
+    with early_server(ns.json) as early:
         preflight(settings, ns)
-        if unreachable is not None:
-            raise unreachable
-        from flows import flow  # noqa: F401 - imported while the server starts, not after
+        from flows.prefect_api import check_prefect_api, temporary_server
 
-        if server is not None:
-            server.start()  # waits until it answers
-        return run_through_flow(ns, server, config_path=ns.config, dry_run=ns.dry_run,
-                                targets=ns.target or None, tenant=ns.tenant,
-                                expected_key_version=ns.expected_key_version)
+        with temporary_server(early) as server:
+            if server is None:  # a server behind PREFECT_API_URL: its credentials, whether it answers
+                check_prefect_api()
+            from flows import flow  # noqa: F401 - imported while the server starts, not after
+
+            if server is not None:
+                server.start()  # waits until it answers
+            return run_through_flow(ns, server, config_path=ns.config, dry_run=ns.dry_run,
+                                    targets=ns.target or None, tenant=ns.tenant,
+                                    expected_key_version=ns.expected_key_version)
 
 
 def preflight(settings: Settings, ns: argparse.Namespace) -> None:

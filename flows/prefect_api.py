@@ -41,7 +41,7 @@ def unreachable_message(url: str, why: str) -> str:
 def api_lost_message(what: str, *, temporary: bool) -> str:
     """The one line of a run that lost its Prefect API mid-run: ``what`` happened, at which URL, and
     what to do."""
-    if temporary:
+    if temporary:  # the run's own server, or the one ad hoc runs share (it starts again on the next run)
         return f"{what} (the run's temporary Prefect server stopped): run the command again"
     from prefect.settings import PREFECT_API_URL
 
@@ -204,30 +204,86 @@ def _flush_to(server: Any, timeout: float = 10.0) -> None:
             worker.drain_all(timeout=timeout, at_exit=False)
 
 
+class EarlyServer:
+    """Without ``PREFECT_API_URL`` in the environment, the run's Prefect server, asked for at once
+    without importing Prefect here: its start-up (seconds of its own imports) overlaps the run's
+    checks, and a run those checks refuse costs no Prefect import at all (before, a refused run
+    imported Prefect and its server code: about 10 s of CPU).
+
+    Either ``shared`` (flows.adhoc_server: the server that ad hoc runs at a terminal reuse, whose
+    URL is then this process's ``PREFECT_API_URL``) or ``process`` (a temporary server of the run's
+    own). Neither with the variable set."""
+
+    def __init__(self, json_output: bool = False) -> None:
+        from flows import adhoc_server
+
+        self.port = _free_port()
+        self.process: subprocess.Popen[Any] | None = None
+        self.shared: adhoc_server.SharedServer | None = None
+        if os.environ.get("PREFECT_API_URL"):
+            return
+        if adhoc_server.mode(json_output) == "reuse":
+            self.shared = adhoc_server.attach()
+            if self.shared is not None:
+                os.environ["PREFECT_API_URL"] = self.shared.url  # before Prefect is imported: all of it uses it
+                return
+        self.process = _spawn_server(self.port)
+
+    def take(self) -> subprocess.Popen[Any] | None:
+        process, self.process = self.process, None
+        return process
+
+    def discard(self) -> None:
+        process = self.take()
+        if process is not None:
+            process.terminate()
+            process.wait()
+        if self.shared is not None:
+            self.shared.stop()
+
+
 @contextlib.contextmanager
-def temporary_server() -> Iterator[Any]:
+def early_server(json_output: bool = False) -> Iterator[EarlyServer]:
+    """The run's server (``EarlyServer``): a spawned temporary one is terminated when the block ends
+    unless ``temporary_server`` took it; a shared one is released (it stays up)."""
+    early = EarlyServer(json_output)
+    try:
+        yield early
+    finally:
+        early.discard()
+
+
+@contextlib.contextmanager
+def temporary_server(early: EarlyServer | None = None) -> Iterator[Any]:
     """Without ``PREFECT_API_URL``: the temporary Prefect server of this run (yielded), in its own
     session, registered where Prefect looks for its ephemeral server, and stopped when the block
-    ends (after the run has reported). It is spawned at once, before Prefect's server code is
-    imported here; the caller's ``server.start()`` waits until it answers (called just before the
-    flow, so that the server's start-up overlaps the run's checks). With ``PREFECT_API_URL``: None."""
-    # Spawned before Prefect is imported here, when the environment names no API (the common case);
-    # a PREFECT_API_URL from a Prefect profile, read below, stops it again.
-    port = _free_port()
-    early = None if os.environ.get("PREFECT_API_URL") else _spawn_server(port)
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+    ends (after the run has reported). Its process is ``early``'s, or one spawned here before
+    Prefect's server code is imported; the caller's ``server.start()`` waits until it answers
+    (called just before the flow, so that the server's start-up overlaps what comes before). With
+    ``PREFECT_API_URL``: None. A shared server (``early.shared``) is yielded as it is: its
+    ``start()`` waits until it answers, and it is released, never stopped, when the block ends."""
+    with contextlib.ExitStack() as stack:
+        if early is None:
+            early = stack.enter_context(early_server())
+        if early.shared is not None:
+            try:
+                yield early.shared
+            finally:
+                early.shared.stop()
+            return
+        # A PREFECT_API_URL from a Prefect profile, read here, stops the spawned process again.
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        if early is not None:
-            early.terminate()
-            early.wait()
-        yield None
-        return
-    server = _own_session_server(port, early if early is not None else _spawn_server(port))
-    try:
-        yield server
-    finally:
-        _flush_to(server)
-        server.stop()
-        if server.previous is not None:
-            type(server)._instances[None] = server.previous
+        if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+            early.discard()
+            yield None
+            return
+        process = early.take()
+        server = _own_session_server(early.port, process if process is not None else _spawn_server(early.port))
+        try:
+            yield server
+        finally:
+            _flush_to(server)
+            server.stop()
+            if server.previous is not None:
+                type(server)._instances[None] = server.previous

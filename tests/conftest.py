@@ -59,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _SESSION_HOME = Path(tempfile.mkdtemp(prefix="pinrotate-home-"))
     _SAVED_ENV.setdefault("PINROTATE_HOME", None)
     os.environ["PINROTATE_HOME"] = str(_SESSION_HOME)
+    # Each ad hoc run gets a temporary Prefect server of its own, as outside a terminal (scripts,
+    # CI): no server outlives a test. tests/test_adhoc_server.py sets the shared one up itself.
+    _SAVED_ENV.setdefault("PINROTATE_PREFECT_SERVER", None)
+    os.environ["PINROTATE_PREFECT_SERVER"] = "temporary"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
