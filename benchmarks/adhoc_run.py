@@ -15,7 +15,10 @@ Prints figures, asserts nothing. Every figure is the wall time of fresh processe
   as from a user's second run on);
 - ``run, no PREFECT_API_URL``: ``python -m flows.rotate run`` with nothing to do, the temporary
   server started and stopped by the run (the case of the issue: 9.5 s);
-- ``run, PREFECT_API_URL``: the same run against a Prefect server already running (4.0 s in the issue).
+- ``run, PREFECT_API_URL``: the same run against a Prefect server already running (4.0 s in the issue);
+- ``run, reused server``: the same run with ``PINROTATE_PREFECT_SERVER=reuse`` (what a run at a
+  terminal does), the shared server already up from an earlier run (flows/adhoc_server.py);
+- ``run refused (damaged keyring)``: a run its checks refuse (exit 2), no ``PREFECT_API_URL``.
 
 The database holds the Pin profile sample with every row on the current key: the run plans,
 finds nothing to move, verifies and reports; it is the fixed cost of a run.
@@ -57,11 +60,11 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _timed(args: list[str], env: dict[str, str]) -> float:
+def _timed(args: list[str], env: dict[str, str], expect: int = 0) -> float:
     began = time.perf_counter()
     proc = subprocess.run(args, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - began
-    if proc.returncode != 0:
+    if proc.returncode != expect:
         raise SystemExit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return took
 
@@ -147,6 +150,13 @@ def seed(url: str, home: Path, rows: int) -> Path:
     return config
 
 
+def stop_shared_server(home: Path) -> None:
+    """SIGTERM to the keeper of the shared server the reuse figure started (it stops its server)."""
+    state = home / "pinrotate" / "prefect-server" / "server.json"
+    with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+        os.kill(json.loads(state.read_text())["pid"], signal.SIGTERM)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5, help="rounds of every figure (default 5)")
@@ -165,9 +175,16 @@ def main() -> int:
             stack.callback(server.cleanup)
             url = server.get_uri()
         config = seed(url, home, args.rows)
-        env = _env(home)
+        env = _env(home, PINROTATE_PREFECT_SERVER="temporary")
         py = sys.executable
         run = [py, "-m", "flows.rotate", "run", "--config", str(config), "--json"]
+        damaged = home / "damaged.toml"
+        damaged.write_text(config.read_text().replace(str(home / "keys.toml"), str(home / "damaged-keys.toml")))
+        (home / "damaged-keys.toml").write_text("not a keyring line\n")
+        (home / "damaged-keys.toml").chmod(0o600)
+        refused = [py, "-m", "flows.rotate", "run", "--config", str(damaged)]
+        reuse = {**env, "PINROTATE_PREFECT_SERVER": "reuse"}
+        stack.callback(stop_shared_server, home)
         # A first run makes the temporary server's SQLite database (migrations): a user pays it once.
         first = _timed(run, env)
         api_url = stack.enter_context(prefect_server(home))
@@ -180,7 +197,10 @@ def main() -> int:
                 timeout=600).stdout.strip().splitlines()[-1]),
             "run, no PREFECT_API_URL": lambda: _timed(run, env),
             "run, PREFECT_API_URL": lambda: _timed(run, {**env, "PREFECT_API_URL": api_url}),
+            "run, reused server (PINROTATE_PREFECT_SERVER=reuse)": lambda: _timed(run, reuse),
+            "run refused (damaged keyring), no PREFECT_API_URL": lambda: _timed(refused, env, expect=2),
         }
+        _timed(run, reuse)  # starts the shared server: the figure is every run after the first
         seen: dict[str, list[float]] = {name: [] for name in figures}
         for _ in range(args.repeat):
             for name, figure in figures.items():

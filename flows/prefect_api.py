@@ -214,7 +214,7 @@ class EarlyServer:
     URL is then this process's ``PREFECT_API_URL``) or ``process`` (a temporary server of the run's
     own). Neither with the variable set."""
 
-    def __init__(self, json_output: bool = False) -> None:
+    def __init__(self, json_output: bool = False, reusable: bool = True) -> None:
         from flows import adhoc_server
 
         self.port = _free_port()
@@ -222,7 +222,7 @@ class EarlyServer:
         self.shared: adhoc_server.SharedServer | None = None
         if os.environ.get("PREFECT_API_URL"):
             return
-        if adhoc_server.mode(json_output) == "reuse":
+        if reusable and adhoc_server.mode(json_output) == "reuse":
             self.shared = adhoc_server.attach()
             if self.shared is not None:
                 os.environ["PREFECT_API_URL"] = self.shared.url  # before Prefect is imported: all of it uses it
@@ -243,10 +243,10 @@ class EarlyServer:
 
 
 @contextlib.contextmanager
-def early_server(json_output: bool = False) -> Iterator[EarlyServer]:
+def early_server(json_output: bool = False, reusable: bool = True) -> Iterator[EarlyServer]:
     """The run's server (``EarlyServer``): a spawned temporary one is terminated when the block ends
     unless ``temporary_server`` took it; a shared one is released (it stays up)."""
-    early = EarlyServer(json_output)
+    early = EarlyServer(json_output, reusable)
     try:
         yield early
     finally:
@@ -263,8 +263,8 @@ def temporary_server(early: EarlyServer | None = None) -> Iterator[Any]:
     ``PREFECT_API_URL``: None. A shared server (``early.shared``) is yielded as it is: its
     ``start()`` waits until it answers, and it is released, never stopped, when the block ends."""
     with contextlib.ExitStack() as stack:
-        if early is None:
-            early = stack.enter_context(early_server())
+        if early is None:  # the demo's: always a server of its own, gone with its sandbox
+            early = stack.enter_context(early_server(reusable=False))
         if early.shared is not None:
             try:
                 yield early.shared

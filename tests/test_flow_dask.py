@@ -255,6 +255,40 @@ def test_ctrl_c_to_the_process_group_of_a_run_on_a_local_cluster_stops_between_b
     assert state is not None and state.is_cancelled(), state
 
 
+def test_a_second_ctrl_c_on_a_local_cluster_stops_at_once_and_no_worker_writes_after_it(
+        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+    # A second Ctrl-C ends the CLI at once (os._exit): its local cluster's workers ignore SIGINT, so
+    # they must not be left behind draining on their own, and nothing committed may be lost.
+    profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB, **DASK)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # a process group of its own, as a shell starts a job
+    try:
+        _wait_for_progress(profile, proc)
+        workers = _dask_workers(proc)
+        assert workers, "no local Dask worker process under the CLI"
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        code, doc, err = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, err[-4000:]
+    assert doc["exit_code"] == 130 and "second Ctrl-C" in doc["error"], doc
+    assert "Traceback" not in err, err[-4000:]
+    # No worker outlives the command (given a few seconds to notice), and none writes after it.
+    deadline = time.monotonic() + 30
+    while [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, [w.cmdline() for w in workers if w.is_running()]
+        time.sleep(0.2)
+    after = rows_consistent(profile)  # every row whole under its own key: nothing committed lost
+    assert sum(after.values()) == 200 and 0 < after.get(2, 0) < 200, after
+    time.sleep(2 * SLOW_JOB["inter_batch_delay"] + 1)
+    assert rows_consistent(profile) == after
+
+
 def test_an_unreachable_dask_scheduler_is_exit_4_with_one_line_and_nothing_written(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
