@@ -69,7 +69,7 @@ def _timed(args: list[str], env: dict[str, str], expect: int = 0) -> float:
     return took
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -93,9 +93,9 @@ def _wait_health(url: str, proc: subprocess.Popen[Any], timeout: float = 300) ->
 TEMPORARY_SERVER = """
 import sys, time, urllib.request
 began = time.perf_counter()
-from flows.prefect_api import _free_port, _spawn_server
-port = _free_port()
-proc = _spawn_server(port)
+from flows.server_process import free_port, spawn_server
+port = free_port()
+proc = spawn_server(port)
 while True:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
@@ -115,7 +115,7 @@ proc.wait()
 @contextlib.contextmanager
 def prefect_server(home: Path) -> Iterator[str]:
     """A ``prefect server start`` of its own (the ``PREFECT_API_URL`` case); its API URL."""
-    port = _free_port()
+    port = free_port()
     env = _env(home, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_UI_ENABLED="false")
     log = open(home / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",

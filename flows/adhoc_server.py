@@ -142,7 +142,7 @@ class SharedServer:
         self._dir = directory
 
     def wait_until_up(self, timeout: float = START_TIMEOUT_S) -> None:
-        from flows.prefect_api import TemporaryServerFailed, server_log_path
+        from flows.server_process import TemporaryServerFailed, server_log_path
 
         deadline = time.monotonic() + timeout
         while True:
@@ -201,9 +201,9 @@ def attach() -> SharedServer | None:
                     os.close(use_fd)
                     return None
                 return SharedServer(state["url"], state["pid"], use_fd, directory, started=False)
-            from flows.prefect_api import _free_port
+            from flows.server_process import free_port
 
-            port = _free_port()
+            port = free_port()
             keeper = _spawn_keeper(port, idle)
             url = f"http://127.0.0.1:{port}/api"
             (directory / "server.json").write_text(json.dumps(
@@ -217,7 +217,7 @@ def attach() -> SharedServer | None:
 
 
 def _spawn_keeper(port: int, idle: float) -> subprocess.Popen[Any]:
-    from flows.prefect_api import server_log_path
+    from flows.server_process import server_log_path
 
     log_path = server_log_path()
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -236,12 +236,12 @@ def _spawn_keeper(port: int, idle: float) -> subprocess.Popen[Any]:
 # -- the keeper ---------------------------------------------------------------------------------------
 
 def keep(port: int, idle: float) -> int:
-    """Run Prefect's server (``flows.prefect_api``'s command) until no run has used it for ``idle``
+    """Run Prefect's server (``flows.server_process``'s command) until no run has used it for ``idle``
     seconds, or until SIGTERM; then stop it and forget it."""
-    from flows.prefect_api import _spawn_server
+    from flows.server_process import spawn_server
 
     directory = state_dir()
-    server = _spawn_server(port)
+    server = spawn_server(port)
     stopping = False
 
     def on_term(signum: int, frame: Any) -> None:

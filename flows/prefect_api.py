@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from flows.server_process import TemporaryServerFailed, free_port, server_log_path, spawn_server
 from pinrotate_core.errors import ConfigError, PinrotateError
 
 AUTH_HINT = ("set PREFECT_API_AUTH_STRING to the server's PREFECT_SERVER_API_AUTH_STRING "
              "(docs/reference.md, \"Who may start a rotation\")")
-
-
-class TemporaryServerFailed(PinrotateError):
-    """The temporary Prefect server of an ad hoc run did not start (exit 1, one line)."""
 
 
 class PrefectApiUnreachable(PinrotateError):
@@ -84,63 +78,6 @@ def check_prefect_api() -> None:
 
 # -- the temporary server of an ad hoc run ------------------------------------------------------------
 
-# The server's process starts here: on Linux it first asks to be sent SIGTERM when the CLI's
-# process ends, however it ends (a SIGKILL included), so that no server outlives the run it served;
-# then it runs uvicorn as ``python -m uvicorn ARGS`` would. (Not a preexec_fn: unsafe with threads.)
-_LAUNCH = """
-import runpy, signal, sys
-if sys.platform.startswith("linux"):
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-sys.argv = ["uvicorn", *sys.argv[1:]]
-runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn_server(port: int) -> subprocess.Popen[Any]:
-    """Prefect's own temporary-server command (``SubprocessASGIServer._run_uvicorn_command``), in a
-    session of its own, spawned without importing Prefect here: the server's start-up (its imports,
-    seconds) is most of an ad hoc run with nothing to do, and the import of ``prefect.settings``
-    (about 0.7 s) would only delay it. The server reads Prefect's settings (environment, profile)
-    itself, as the CLI would."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("prefect")
-    assert spec is not None and spec.submodule_search_locations, "prefect is not installed"
-    app_dir = Path(next(iter(spec.submodule_search_locations))).parent
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    if "prefect.settings" in sys.modules:  # settings made in this process (a test harness) reach the server too
-        from prefect.settings import get_current_settings
-
-        env.update(get_current_settings().to_environment_variables(exclude_unset=True))
-    # Its output goes to a log file, never to the run's terminal: a server stopped while it starts
-    # (the run refused to start) logs tracebacks that are not the user's to read.
-    log_path = server_log_path()
-    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-c", _LAUNCH, "--app-dir", str(app_dir), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-
-
-def server_log_path() -> Path:
-    """Where the temporary Prefect server of an ad hoc run writes its output."""
-    from pinrotate_core.config import pinrotate_home
-
-    return pinrotate_home() / "prefect-server.log"
-
-
 READY_POLL_S = 0.02  # asked this often whether the temporary server answers (Prefect asks every 0.1 s)
 
 
@@ -161,7 +98,7 @@ def _own_session_server(port: int, early: subprocess.Popen[Any]) -> Any:
                 spawned, self.early = self.early, None
                 return spawned
             assert self.port is not None
-            return _spawn_server(self.port)  # the port was taken meanwhile (exit 3): another one
+            return spawn_server(self.port)  # the port was taken meanwhile (exit 3): another one
 
         def start(self, timeout: int | None = None) -> None:
             """Prefect's start, but a server process that exits (other than for a port taken
@@ -217,7 +154,7 @@ class EarlyServer:
     def __init__(self, json_output: bool = False, reusable: bool = True) -> None:
         from flows import adhoc_server
 
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[Any] | None = None
         self.shared: adhoc_server.SharedServer | None = None
         if os.environ.get("PREFECT_API_URL"):
@@ -227,7 +164,7 @@ class EarlyServer:
             if self.shared is not None:
                 os.environ["PREFECT_API_URL"] = self.shared.url  # before Prefect is imported: all of it uses it
                 return
-        self.process = _spawn_server(self.port)
+        self.process = spawn_server(self.port)
 
     def take(self) -> subprocess.Popen[Any] | None:
         process, self.process = self.process, None
@@ -279,7 +216,7 @@ def temporary_server(early: EarlyServer | None = None) -> Iterator[Any]:
             yield None
             return
         process = early.take()
-        server = _own_session_server(early.port, process if process is not None else _spawn_server(early.port))
+        server = _own_session_server(early.port, process if process is not None else spawn_server(early.port))
         try:
             yield server
         finally:

@@ -25,7 +25,8 @@ from .conflicts import StateError, ensure_conflicts_table, record_conflicts
 from .db import database_url, describe_db_error, make_engine, raw_connection
 from .drain import BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from .engines.mysql import connect as mysql_connect
-from .engines.mysql.signals import ADVISORY_LOCK
+from .engines.mysql.room import ROOM as MYSQL_ROOM
+from .engines.postgresql.room import ROOM as PG_ROOM
 from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
 from .forge_discovery import with_forge_targets
 from .gate import run_gate
@@ -353,22 +354,14 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
     if not ctx.settings.job.single_instance:
         yield True
         return
-    if ctx.on_mysql:  # GET_LOCK: server-wide, held by this connection's session
-        with mysql_connect.raw_connection(ctx.engine) as my, ADVISORY_LOCK.held(my, LOCK_NAME) as held:
+    # The room's advisory lock, held by this connection's session: GET_LOCK (server-wide) on MySQL,
+    # pg_try_advisory_lock (per database) on PostgreSQL.
+    if ctx.on_mysql:
+        with MYSQL_ROOM.raw_connection(ctx.engine) as my, MYSQL_ROOM.lock.held(my, LOCK_NAME) as held:
             yield held
         return
-    with raw_connection(ctx.engine) as conn:
-        try:
-            row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (LOCK_NAME,)).fetchone()
-        except psycopg.Error as e:
-            raise DatabaseError(f"cannot take the single-instance lock ({describe_db_error(e)})") from None
-        got = bool(row and row[0])
-        try:
-            yield got
-        finally:
-            if got:
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (LOCK_NAME,))
+    with PG_ROOM.raw_connection(ctx.engine) as conn, PG_ROOM.lock.held(conn, LOCK_NAME) as held:
+        yield held
 
 
 def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_run: bool = False,

@@ -36,6 +36,7 @@ from pinrotate_core.throttle import (
     ThrottleControl,
     ThrottleLimits,
     parse_control,
+    parse_lsn,
 )
 
 from .pg_replica import Replica, logical_decoding, pg_replica, replicated_database, wal_receiver  # noqa: F401
@@ -256,6 +257,24 @@ def test_an_idle_primary_shows_no_replica_lag_however_long_it_stays_idle(
     assert all(r is not None for r in readings)
     assert max(r for r in readings if r is not None) < 1.0
     assert readings[-1] == min(r for r in readings if r is not None) or readings[-1] < 0.5
+
+
+def test_the_rooms_signals_show_the_standby_from_the_primary_and_its_replay_position_on_it(
+        engine: sa.Engine, pg_replica: Replica, replicated_database: str) -> None:
+    from pinrotate_core.engines.postgresql.room import ROOM
+    from pinrotate_core.engines.postgresql.signals import replay_position
+
+    pg_replica.wait_caught_up()
+    with ROOM.raw_connection(engine) as conn:
+        positions = ROOM.signals.replica_lag(conn)
+    assert len(positions) == 1, positions
+    standby = positions[0]
+    # Running, with the position it replayed; its lag in seconds is the meter's to measure, never 0 here.
+    assert standby.running and standby.problem is None and standby.lag_s is None
+    assert standby.position is not None and parse_lsn(standby.position) > 0
+    with psycopg.connect(pg_replica.url_for(replicated_database), autocommit=True) as on_replica:
+        replayed = replay_position(on_replica)
+    assert replayed is not None and parse_lsn(replayed) >= parse_lsn(standby.position)
 
 
 def test_paused_replay_makes_before_batch_wait_with_growing_lag_and_resume_lets_it_return(

@@ -1,7 +1,7 @@
 """Replica lag in seconds: how long ago the primary had WAL that a replaying standby still lacks.
 
 Standbys are the configured replica URLs (each on a connection of its own) or, when none are
-configured, the replaying standbys the primary's ``pg_stat_replication`` shows (see signals.py).
+configured, the replaying standbys the primary's ``pg_stat_replication`` shows (see engines/postgresql/signals.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from ..db import describe_db_error, redacted
-from .signals import APPLICATION_NAME, Signals, read_signals
+from ..engines.postgresql.signals import APPLICATION_NAME, Signals, read_signals, replay_position
 
 MAX_LAG_SAMPLES = 100_000  # (time, LSN) pairs kept while a replica is behind (~14 h at one per 0.5 s)
 REPLICA_CONNECT_TIMEOUT = 5  # seconds
@@ -117,17 +117,17 @@ class ReplicaLagMeter:
                     conn = psycopg.connect(url, autocommit=True, application_name=APPLICATION_NAME,
                                            connect_timeout=REPLICA_CONNECT_TIMEOUT, prepare_threshold=None)
                     self._conns[url] = conn
-                row = conn.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text").fetchone()
+                replayed = replay_position(conn)
             except psycopg.Error as e:
                 self._drop(url)
                 problems[name] = f"unreachable ({describe_db_error(e)})"
                 out.append(ReplicaPosition(name, None, problems[name]))
                 continue
-            if not row or not row[0] or row[1] is None:
+            if replayed is None:
                 problems[name] = "not a streaming replica (pg_is_in_recovery() is false)"
                 out.append(ReplicaPosition(name, None, problems[name]))
                 continue
-            out.append(ReplicaPosition(name, parse_lsn(str(row[1]))))
+            out.append(ReplicaPosition(name, parse_lsn(replayed)))
         self._problems = problems
         return out
 

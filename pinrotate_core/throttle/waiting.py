@@ -18,11 +18,11 @@ import psycopg
 import sqlalchemy as sa
 
 from ..db import describe_db_error, raw_connection
+from ..engines.postgresql.signals import APPLICATION_NAME, read_signals
 from ..errors import DatabaseError, ThrottleCritical
 from ..log import log_event
 from .control import ThrottleControl, ThrottleControlSource, parse_control
 from .replicas import ReplicaLagMeter
-from .signals import APPLICATION_NAME, read_signals
 from .sizer import BatchSizer
 
 if TYPE_CHECKING:

@@ -79,3 +79,30 @@ def test_pin_profile_on_mariadb_moves_every_row_to_the_new_key_keeping_updated_a
     code, doc, err = rotate("gate", "--retire", old, *cfg, "--json")
     assert code == 0, err
     assert doc["open"] is True and not any(doc["blocking"].values())
+
+
+LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"  # contract §7
+
+
+def test_a_run_on_mariadb_that_finds_the_single_instance_lock_held_exits_0_and_touches_nothing(
+        pin: PinInstall, mariadb: MariaDbServer, prefect_api: str) -> None:
+    cfg = ("--config", str(pin.config(single_instance=True)))
+    code, added, err = rotate("keys", "add", *cfg, "--json")
+    assert code == 0, err
+    new = added["added"]
+    assert rotate("keys", "promote", new, *cfg)[0] == 0
+    before = {table: pin.rows(table) for table in CIPHERS}
+    holder = mariadb.connect()  # another run's session: GET_LOCK is server-wide
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (LOCK_NAME,))
+            assert cur.fetchone() == (1,)
+        code, report, err = rotate("run", "--expected-key-version", new, *cfg, "--json", prefect_api=prefect_api)
+        assert code == 0, err
+        assert LOCK_NAME in report["skipped"] and report["targets"] == {}
+        assert {table: pin.rows(table) for table in CIPHERS} == before
+    finally:
+        holder.close()  # the session's end releases its lock
+    code, report, err = rotate("run", "--expected-key-version", new, *cfg, "--json", prefect_api=prefect_api)
+    assert code == 0, err
+    assert report["targets"]["Person"]["reencrypted"] == sum(1 for t, _ in pin.plain if t == "persons")

@@ -1,8 +1,7 @@
-"""The PostgreSQL room as a whole, as far as it has moved in (docs/engines.md, "Migration plan"):
-features, SQL pieces, the table catalog, the gate's checks and connections. Each part is typed with
-its ``base`` protocol, so mypy proves it complete. ``signals`` (``throttle/``) and ``lock``
-(``rotation.py``) are not here yet: until they move in, this is no ``base.room.Room``, and
-no caller may take it for one."""
+"""The PostgreSQL room as a whole (``base.room.Room``): features, SQL pieces, the table catalog, the
+gate's checks, the throttle's signals, the advisory lock and connections. Each part is typed with
+its ``base`` protocol, and ``ROOM`` with ``Room``, so mypy proves it complete. (The drain's write
+guards are still in ``drain/``: docs/engines.md, "Migration plan".)"""
 
 from __future__ import annotations
 
@@ -14,15 +13,17 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from ..base.catalog import Catalog
-from ..base.checks import GateChecks
+from ..base.checks import AdvisoryLock, GateChecks, ThrottleSignals
 from ..base.features import Features
 from ..base.operations import Operations
+from ..base.room import Room
 from . import connect, stream
 from .catalog import CATALOG
 from .connect import PgConnection
 from .features import FEATURES
 from .gate import GATE_CHECKS
 from .operations import OPERATIONS
+from .signals import ADVISORY_LOCK, THROTTLE_SIGNALS
 
 
 class PostgresRoom:
@@ -30,6 +31,8 @@ class PostgresRoom:
     operations: Operations = OPERATIONS
     catalog: Catalog[PgConnection] = CATALOG
     gate: GateChecks[PgConnection] = GATE_CHECKS  # mypy proves here that the gate's checks are complete
+    signals: ThrottleSignals[PgConnection] = THROTTLE_SIGNALS
+    lock: AdvisoryLock[PgConnection] = ADVISORY_LOCK
 
     def make_engine(self, url: str, *, pool_size: int = 5) -> sa.Engine:
         return connect.make_engine(url, pool_size=pool_size)
@@ -46,4 +49,4 @@ class PostgresRoom:
         return stream.stream(conn, query, name, fetched)
 
 
-ROOM = PostgresRoom()
+ROOM: Room[PgConnection] = PostgresRoom()  # mypy proves here that the room is complete

@@ -1,6 +1,8 @@
 """What the throttle reads on the primary, in one statement per look: the WAL position, the standbys
 that replay it, busy application sessions, and application sessions waiting for a row that one of
-our batches holds. Read-only; knows nothing of limits or waiting.
+our batches holds; what it reads on a configured replica (``replay_position``); and the
+single-instance advisory lock. Read-only except the lock; knows nothing of limits or waiting.
+``THROTTLE_SIGNALS`` and ``ADVISORY_LOCK`` answer them as ``base.checks`` asks (``room.ROOM``).
 
 Sessions of other roles show their state only to superusers and members of pg_read_all_stats
 (pg_monitor): grant it to the rotation's role or the counts are too low and replay positions hidden.
@@ -8,12 +10,17 @@ Sessions of other roles show their state only to superusers and members of pg_re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from ...errors import DatabaseError
+from ..base.checks import LoadSample, ReplicaPosition
+from .connect import describe_db_error
 
 APPLICATION_NAME = "pinrotate"  # how our own backends are told apart (db.make_engine sets it)
 
@@ -91,3 +98,62 @@ def sessions_blocked_by_us(conn: psycopg.Connection[Any], application_name: str 
                            tables: Sequence[str] = ()) -> int:
     """Other sessions waiting for a row of ``tables`` that one of our backends holds locked."""
     return read_signals(conn, blocked=True, tables=tables, application_name=application_name).blocked or 0
+
+
+def replay_position(conn: psycopg.Connection[Any]) -> str | None:
+    """On a configured replica: the WAL position it has replayed; None when it is no streaming
+    replica (``pg_is_in_recovery()`` false) or has replayed nothing yet."""
+    row = conn.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text").fetchone()
+    if not row or not row[0] or row[1] is None:
+        return None
+    return str(row[1])
+
+
+class PostgresThrottleSignals:
+    def load(self, conn: psycopg.Connection[Any]) -> LoadSample:
+        """Client sessions busy in a statement now, ours (``APPLICATION_NAME``) left out, the
+        reading session counted (as MySQL's ``Threads_running`` counts it)."""
+        try:
+            busy = busy_sessions(conn)
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the busy sessions ({describe_db_error(e)})") from None
+        return LoadSample(busy + 1, {"own_sessions_left_out": True})
+
+    def replica_lag(self, conn: psycopg.Connection[Any]) -> list[ReplicaPosition]:
+        """The replaying standbys the primary shows, each with the position it has replayed. Their lag
+        in seconds is not a view's answer here (``throttle/replicas.ReplicaLagMeter`` measures it
+        against the primary's WAL over time): None, never 0."""
+        try:
+            standbys = read_signals(conn, standbys=True).standbys or []
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot read the standbys ({describe_db_error(e)})") from None
+        out = []
+        for s in standbys:
+            lsn = s["replay_lsn"]
+            problem = None if lsn is not None else ("replay position hidden from this role (grant pg_monitor to it)"
+                                                    if not s["visible"] else "has not reported a replay position yet")
+            out.append(ReplicaPosition(str(s["name"]), None, None if lsn is None else str(lsn), lsn is not None, problem))
+        return out
+
+
+class PostgresAdvisoryLock:
+    @contextlib.contextmanager
+    def held(self, conn: psycopg.Connection[Any], name: str) -> Iterator[bool]:
+        """``pg_try_advisory_lock`` on the name's 64-bit hash: True while this session holds it, False
+        at once when another session does. Per database, released when the block ends or the session
+        does; ``conn`` must stay open for as long as the lock is meant to be held."""
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (name,)).fetchone()
+        except psycopg.Error as e:
+            raise DatabaseError(f"cannot take the single-instance lock ({describe_db_error(e)})") from None
+        got = bool(row and row[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
+
+
+THROTTLE_SIGNALS = PostgresThrottleSignals()
+ADVISORY_LOCK = PostgresAdvisoryLock()
