@@ -16,9 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import pymysql
-
-from .connect import MySqlConnection, error_number
+from .connect import MySqlConnection, probe
 from .operations import OPERATIONS as ops
 
 DATABASE: Final = "pinrotate"
@@ -74,15 +72,8 @@ def table_exists(conn: MySqlConnection, table: str) -> bool:
     """Does ``pinrotate.<table>`` exist? Asked of the table itself, not of ``information_schema``
     (which hides a table the role may not read, and would make it look absent): a role without
     the privilege gets the server's refusal (``pymysql`` error, DENIED), never a False."""
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT 1 FROM {ops.relation(DATABASE, table)} LIMIT 0", ())
-            cur.fetchall()
-    except pymysql.err.MySQLError as e:
-        if error_number(e) in MISSING:
-            return False
-        raise
-    return True
+    missing = probe(conn, f"SELECT 1 FROM {ops.relation(DATABASE, table)} LIMIT 0", dict.fromkeys(MISSING, True))
+    return not missing
 
 
 def create(conn: MySqlConnection, table: str) -> None:

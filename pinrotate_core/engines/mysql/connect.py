@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pymysql
 import sqlalchemy as sa
@@ -92,9 +92,28 @@ def describe_db_error(exc: BaseException | None) -> str:
     return type(exc).__name__ if exc is not None else "unknown error"
 
 
+T = TypeVar("T")
+
+
 def error_number(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
+    return None
+
+
+def probe(conn: MySqlConnection, statement: str, refusals: Mapping[int, T]) -> T | None:
+    """Run ``statement`` (a read that returns nothing, as ``SELECT ... LIMIT 0``) to ask the server
+    itself what ``information_schema`` may hide: None when it runs; ``refusals[n]`` when the server
+    refuses it with error number ``n``; any other error is raised as the driver's."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, ())
+            cur.fetchall()
+    except pymysql.err.MySQLError as e:
+        number = error_number(e)
+        if number is not None and number in refusals:
+            return refusals[number]
+        raise
     return None
 
 

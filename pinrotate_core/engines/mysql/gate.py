@@ -14,7 +14,7 @@ import pymysql
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
 from .bookkeeping import DATABASE as BOOKKEEPING_DATABASE
-from .connect import MySqlConnection, describe_db_error, error_number
+from .connect import MySqlConnection, describe_db_error, error_number, probe
 from .operations import OPERATIONS as ops
 from .replication import replica_status
 
@@ -81,17 +81,14 @@ class MySqlGateChecks:
 
     @staticmethod
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
+        # Dropped since the catalog was read (_NO_SUCH_TABLE): nothing left to find, readable.
+        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True}
         try:
-            with conn.cursor() as cur:
-                cur.execute(f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0", ())
-                cur.fetchall()
+            answer = probe(conn, f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0",
+                           refusals)
         except pymysql.err.MySQLError as e:
-            if error_number(e) in _ACCESS_DENIED:
-                return False
-            if error_number(e) == _NO_SUCH_TABLE:  # dropped since the catalog was read: nothing left to find
-                return True
             raise DatabaseError(f"cannot check the privileges on {schema}.{table} ({describe_db_error(e)})") from None
-        return True
+        return True if answer is None else answer
 
     def sees_every_table(self, conn: MySqlConnection) -> bool:
         """True when the role holds a global SELECT (``GRANT SELECT ON *.*``), so that
