@@ -20,14 +20,17 @@ import contextlib
 import fcntl
 import hashlib
 import itertools
+import json
 import logging
 import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,7 +68,23 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PINROTATE_PREFECT_SERVER"] = "temporary"
 
 
+def _stop_shared_prefect_server(home: Path) -> None:
+    """The Prefect server the session's runs shared (tests/pinprofile.cli): its keeper is told to
+    stop (it stops its server) and waited for a moment."""
+    state = home / "prefect-server" / "server.json"
+    try:
+        pid = int(json.loads(state.read_text())["pid"])
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        return
+    deadline = time.monotonic() + 15
+    while state.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_HOME is not None:
+        _stop_shared_prefect_server(_SESSION_HOME)
     for name, value in _SAVED_ENV.items():
         if value is None:
             os.environ.pop(name, None)

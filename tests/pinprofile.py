@@ -65,8 +65,17 @@ def seed_profile(url: str, tmp: Path, *, rows: int, promote: bool = True, **job:
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180,
         check_json: bool = True) -> tuple[int, Any, str]:
-    """Run ``python -m flows.rotate ARGS``; returns (exit code, parsed stdout JSON or text, stderr)."""
+    """Run ``python -m flows.rotate ARGS``; returns (exit code, parsed stdout JSON or text, stderr).
+
+    A ``run`` without ``PREFECT_API_URL`` in the worker's own ``PINROTATE_HOME`` reuses the Prefect
+    server of that home (``PINROTATE_PREFECT_SERVER=reuse``, flows/adhoc_server.py; stopped at the
+    session's end by conftest) instead of starting a temporary one: about 6 s of CPU a run less.
+    An ``env`` that names ``PINROTATE_PREFECT_SERVER`` or another home keeps what it says (the
+    temporary server's own tests start their commands themselves)."""
     full_env = {**os.environ, **(env or {})}
+    if "PINROTATE_PREFECT_SERVER" not in (env or {}) and not full_env.get("PREFECT_API_URL") \
+            and full_env.get("PINROTATE_HOME") == os.environ.get("PINROTATE_HOME"):
+        full_env["PINROTATE_PREFECT_SERVER"] = "reuse"
     proc = subprocess.run([sys.executable, "-m", "flows.rotate", *args], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     out: Any = proc.stdout
