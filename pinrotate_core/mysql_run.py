@@ -239,7 +239,8 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                        for row_id, values in new.items()]
                 # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
                 with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
-                    with batch_transaction(conn, options.lock_timeout):
+                    with batch_transaction(conn, options.lock_timeout, options.statement_timeout,
+                                           options.idle_timeout):
                         outcome = guard.write(conn, cas)
                         if outcome.mismatched:
                             raise _Mismatch(len(outcome.mismatched))

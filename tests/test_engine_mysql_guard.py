@@ -143,3 +143,43 @@ def test_the_lock_wait_is_whole_seconds_and_reset_after_the_batch(my_conn: MySql
         run(my_conn, "SELECT no_such_column FROM persons")
     assert run(my_conn, "SELECT name_cipher FROM persons WHERE id = 1") == [("old-1",)]
     assert run(my_conn, "SELECT @@SESSION.innodb_lock_wait_timeout") == [(default,)]
+
+
+def session_limits(conn: MySqlConnection) -> tuple[object, ...]:
+    return run(conn, "SELECT @@session.innodb_lock_wait_timeout, @@session.max_statement_time,"
+                     " @@session.idle_transaction_timeout")[0]
+
+
+def test_a_batch_sets_its_statement_and_idle_timeouts_and_leaves_the_session_as_it_was(
+        my_conn: MySqlConnection, persons: MySqlCasGuard) -> None:
+    before = session_limits(my_conn)
+    with batch_transaction(my_conn, 0.05, statement_timeout=30, idle_timeout=60):
+        assert session_limits(my_conn) == (1, 30.0, 60)
+    assert session_limits(my_conn) == before
+
+
+def test_a_batch_statement_past_statement_timeout_is_stopped_by_the_server_and_the_batch_rolls_back(
+        my_conn: MySqlConnection, persons: MySqlCasGuard) -> None:
+    # MariaDB's max_statement_time: the server interrupts the statement (error 1969), whatever it is.
+    with pytest.raises(pymysql.err.OperationalError, match="1969"), \
+            batch_transaction(my_conn, 1, statement_timeout=0.5):
+        run(my_conn, "UPDATE persons SET name_cipher = 'x' WHERE id = 1")
+        run(my_conn, "SELECT SLEEP(5) FROM persons WHERE id = 1 FOR UPDATE")
+    assert run(my_conn, "SELECT name_cipher FROM persons WHERE id = 1") == [("old-1",)]
+
+
+def test_a_batch_transaction_left_idle_past_its_timeout_is_ended_by_the_server_and_writes_nothing(
+        mariadb: MariaDbServer, mysql_database: str, persons: MySqlCasGuard) -> None:
+    import time
+
+    conn = mariadb.connect(mysql_database)
+    try:
+        with pytest.raises(pymysql.err.OperationalError), batch_transaction(conn, 1, idle_timeout=1):
+            run(conn, "UPDATE persons SET name_cipher = 'x' WHERE id = 2")
+            time.sleep(2.5)  # a client stuck between two statements of its batch
+            run(conn, "SELECT 1")  # the server has ended the session: its transaction rolled back
+    finally:
+        conn.close()
+    with mariadb.connect(mysql_database) as check, check.cursor() as cur:
+        cur.execute("SELECT name_cipher FROM persons WHERE id = 2")
+        assert cur.fetchall() == (("old-2",),)

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the engine fixture is imported from test_engine_postgresql_gate and named by each test
 """The PostgreSQL room's throttle signals and advisory lock (``engines/postgresql/signals.py``,
 ``base.checks.ThrottleSignals`` / ``AdvisoryLock``), on real servers: what ``room.ROOM.signals`` and
 ``ROOM.lock`` answer, as the MySQL room's are tested in test_engine_mysql_gate.py."""
@@ -7,7 +8,6 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -16,15 +16,7 @@ import sqlalchemy as sa
 from pinrotate_core.engines.postgresql.room import ROOM
 from pinrotate_core.engines.postgresql.signals import replay_position
 from pinrotate_core.errors import DatabaseError
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = ROOM.make_engine(database_url, pool_size=3)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
+from tests.test_engine_postgresql_gate import engine  # noqa: F401 - the room's engine on the server under test
 
 
 def test_load_counts_a_busy_application_session_and_the_reading_one(engine: sa.Engine, database_url: str) -> None:

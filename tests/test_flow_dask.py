@@ -38,6 +38,38 @@ def _start(profile: PinProfile, prefect_api: str) -> subprocess.Popen[str]:
                              "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _start_as_a_job(profile: PinProfile, prefect_api: str) -> subprocess.Popen[str]:
+    """``run --json`` in a process group of its own, as a shell starts a foreground job (a Ctrl-C
+    at the terminal reaches the whole group: the CLI and its local cluster's workers)."""
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    return subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _ctrl_c_while_draining(profile: PinProfile, prefect_api: str, *,
+                           times: int) -> tuple[int, dict[str, Any], str, list[psutil.Process]]:
+    """A local-cluster run started as a job, given ``times`` Ctrl-C (to its whole process group, as
+    the terminal sends it) once a batch has committed: (exit code, JSON document, stderr, the
+    cluster's worker processes as they were)."""
+    proc = _start_as_a_job(profile, prefect_api)
+    try:
+        _wait_for_progress(profile, proc)
+        workers = _dask_workers(proc)
+        assert workers, "no local Dask worker process under the CLI"
+        for i in range(times):
+            if i:
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+        began = time.monotonic()
+        code, doc, err = _finish(proc)
+        print(f"stopped {time.monotonic() - began:.1f} s after the last Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return code, doc, err, workers
+
+
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
     out, err = proc.communicate(timeout=300)
     lines = [line for line in out.splitlines() if line.strip()]
@@ -224,21 +256,7 @@ def test_ctrl_c_to_the_process_group_of_a_run_on_a_local_cluster_stops_between_b
     # Ctrl-C reaches each of them, not only the CLI. They must not die of it mid-batch, nor print
     # KeyboardInterrupt tracebacks; the flow's cancellation stops their drains between batches.
     profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB, **DASK)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
-                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # a process group of its own, as a shell starts a job
-    try:
-        _wait_for_progress(profile, proc)
-        workers = _dask_workers(proc)
-        assert workers, "no local Dask worker process under the CLI"
-        os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, as the terminal does
-        began = time.monotonic()
-        code, doc, err = _finish(proc)
-        print(f"stopped {time.monotonic() - began:.1f} s after Ctrl-C")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    code, doc, err, workers = _ctrl_c_while_draining(profile, prefect_api, times=1)
     assert code == 130, err[-4000:]
     assert doc["exit_code"] == 130 and doc["stopped"] == "cancelled", doc
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
@@ -260,21 +278,7 @@ def test_a_second_ctrl_c_on_a_local_cluster_stops_at_once_and_no_worker_writes_a
     # A second Ctrl-C ends the CLI at once (os._exit): its local cluster's workers ignore SIGINT, so
     # they must not be left behind draining on their own, and nothing committed may be lost.
     profile = seed_profile(primary_database_url, tmp_path, rows=200, **SLOW_JOB, **DASK)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path),
-                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # a process group of its own, as a shell starts a job
-    try:
-        _wait_for_progress(profile, proc)
-        workers = _dask_workers(proc)
-        assert workers, "no local Dask worker process under the CLI"
-        os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        code, doc, err = _finish(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    code, doc, err, workers = _ctrl_c_while_draining(profile, prefect_api, times=2)
     assert code == 130, err[-4000:]
     assert doc["exit_code"] == 130 and "second Ctrl-C" in doc["error"], doc
     assert "Traceback" not in err, err[-4000:]

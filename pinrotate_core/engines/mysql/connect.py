@@ -95,6 +95,11 @@ def describe_db_error(exc: BaseException | None) -> str:
 T = TypeVar("T")
 
 
+def is_mariadb(conn: MySqlConnection) -> bool:
+    """From the version the server sent at connect (``10.11.6-MariaDB-...``): no round trip."""
+    return "mariadb" in str(getattr(conn, "server_version", "")).lower()
+
+
 def error_number(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -133,8 +138,11 @@ def raw_connection(engine: sa.Engine) -> Iterator[MySqlConnection]:
             with contextlib.suppress(pymysql.err.MySQLError):
                 if conn.open:
                     conn.rollback()
-                    with conn.cursor() as cur:
+                    with conn.cursor() as cur:  # guard.batch_limits' variables, whichever were set
                         cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+                        cur.execute("SET SESSION max_statement_time = DEFAULT, idle_transaction_timeout = DEFAULT"
+                                    if is_mariadb(conn)
+                                    else "SET SESSION max_execution_time = DEFAULT")
                     conn.autocommit(False)
     finally:
         proxied.close()

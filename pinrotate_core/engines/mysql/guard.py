@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.catalog import CatalogColumn, TableCatalog
-from .connect import MySqlConnection, ServerInfo, server_info
+from .connect import MySqlConnection, ServerInfo, is_mariadb, server_info
 from .operations import OPERATIONS as ops
 
 BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
@@ -91,25 +91,49 @@ def lock_wait_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
+def batch_limits(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
+                 idle_timeout: float | None = None) -> dict[str, float | int]:
+    """The session variables a batch sets, as PostgreSQL's batch sets ``lock_timeout``,
+    ``statement_timeout`` and ``idle_in_transaction_session_timeout``: ``innodb_lock_wait_timeout``
+    on either server; on MariaDB ``max_statement_time`` (every statement) and
+    ``idle_transaction_timeout`` (the server ends a batch transaction left idle, and it rolls back);
+    on MySQL 8 ``max_execution_time`` (milliseconds), which bounds only its SELECTs: MySQL has no
+    bound on an UPDATE's time but the lock wait, and no idle-transaction timeout."""
+    limits: dict[str, float | int] = {"innodb_lock_wait_timeout": lock_wait_seconds(lock_wait)}
+    mariadb = is_mariadb(conn)
+    if statement_timeout:
+        if mariadb:
+            limits["max_statement_time"] = float(statement_timeout)
+        else:
+            limits["max_execution_time"] = max(1, math.ceil(statement_timeout * 1000))
+    if idle_timeout and mariadb:
+        limits["idle_transaction_timeout"] = max(1, math.ceil(idle_timeout))
+    return limits
+
+
 @contextlib.contextmanager
-def batch_transaction(conn: MySqlConnection, lock_wait: float) -> Iterator[None]:
-    """One transaction per batch, READ COMMITTED (no gap locks on ids that are gone), with this
-    session's ``innodb_lock_wait_timeout``; committed when the block ends, rolled back on any
-    error. The lock wait is reset when it ends, so nothing set outlives the batch."""
+def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
+                      idle_timeout: float | None = None) -> Iterator[None]:
+    """One transaction per batch, READ COMMITTED (no gap locks on ids that are gone), under the
+    session limits of ``batch_limits``; committed when the block ends, rolled back on any error.
+    The limits are reset when it ends, so nothing set outlives the batch."""
+    limits = batch_limits(conn, lock_wait, statement_timeout, idle_timeout)
     with conn.cursor() as cur:
         # SET TRANSACTION (no SESSION) applies to the next transaction only.
-        cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (lock_wait_seconds(lock_wait),))
+        cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in limits), tuple(limits.values()))
         try:
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute("START TRANSACTION")
             try:
                 yield
             except BaseException:
-                conn.rollback()
+                if conn.open:  # a session the server ended (idle_transaction_timeout) rolled back with it
+                    conn.rollback()
                 raise
             conn.commit()
         finally:
-            cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+            if conn.open:
+                cur.execute("SET SESSION " + ", ".join(f"{name} = DEFAULT" for name in limits))
 
 
 def _literal(conn: MySqlConnection, value: Any) -> str:
