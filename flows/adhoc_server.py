@@ -138,12 +138,14 @@ class SharedServer:
 
     def __init__(self, url: str, pid: int, use_fd: int, directory: Path, started: bool) -> None:
         self.url, self.pid, self.started = url, pid, started
+        self.used = False  # a run its checks refused never used it
         self._use_fd: int | None = use_fd
         self._dir = directory
 
     def wait_until_up(self, timeout: float = START_TIMEOUT_S) -> None:
         from flows.server_process import TemporaryServerFailed, server_log_path
 
+        self.used = True
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -163,14 +165,20 @@ class SharedServer:
         self.wait_until_up()
 
     def stop(self) -> None:
-        """Release the server (it stays up for the next run); idle time counts from now."""
+        """Release the server: it stays up for the next run, idle time counting from now. A server
+        this run started but never used (its checks refused it: a one-line error, nothing else) is
+        marked idle for long already, so that its keeper stops it at once unless another run holds
+        it meanwhile: a refused command leaves nothing behind."""
         if self._use_fd is None:
             return
         with contextlib.suppress(OSError):
-            _touch(self._dir / "last-used")
+            if self.started and not self.used:
+                os.utime(self._dir / "last-used", (0, 0))
+            else:
+                _touch(self._dir / "last-used")
         os.close(self._use_fd)
         self._use_fd = None
-        if self.started:  # said once, by the run that started it: a process outlives this command
+        if self.started and self.used:  # said once, by the run that started it: a process outlives this command
             sys.stderr.write(f"pinrotate: the Prefect server of ad hoc runs stays up for the next run at {self.url} "
                              f"(process {self.pid}; it stops after {_minutes(idle_seconds())} unused; "
                              f"{MODE_ENV}=temporary runs without it)\n")

@@ -6,8 +6,11 @@ server's own API for the run history."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
+import socket
 import sys
 import time
 import urllib.error
@@ -110,3 +113,32 @@ def test_an_unknown_server_choice_is_refused_in_one_line(primary_database_url: s
     assert doc == {"error": "PINROTATE_PREFECT_SERVER='shared': must be reuse or temporary", "exit_code": 2}
     assert "Traceback" not in err
     assert profile.key_versions("persons") == {1: 3}  # nothing ran
+
+
+def test_a_run_refused_at_the_terminal_says_one_line_and_leaves_no_server_behind(tmp_path: Path) -> None:
+    # The shared server is asked for before the run's checks (its start-up overlaps them); a run
+    # they refuse (here: no database answers) must still be one line, and the server it started,
+    # never used, must go.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "pinrotate.toml"
+    keys = tmp_path / "keys.toml"
+    keys.write_text('current = "1"\n[keys]\n1 = "' + base64.b64encode(secrets.token_bytes(32)).decode() + '"\n')
+    keys.chmod(0o600)  # a TEST key made here
+    config.write_text(f'[database]\nurl = "postgresql://app@127.0.0.1:{port}/profile"\n'
+                      f'[keys]\nprovider = "file"\nfile = "{keys}"\n'
+                      '[[targets]]\nname = "Person"\ntable = "profile.persons"\nid = "id"\n'
+                      'columns = ["first_name_cipher"]\nkey_version = "key_version"\n')
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PINROTATE_HOME=str(home), PREFECT_HOME=str(tmp_path / "prefect"), PINROTATE_PREFECT_SERVER="reuse")
+    code, _, err = cli("run", "--config", str(config), env=env)
+    assert code == 4, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pinrotate: error: cannot connect to database"), err
+    state_file = home / "prefect-server" / "server.json"
+    deadline = time.monotonic() + 60
+    while state_file.exists():
+        assert time.monotonic() < deadline, f"the unused server was left running: {state_file.read_text()}"
+        time.sleep(0.2)
