@@ -60,3 +60,22 @@ def test_the_advisory_lock_on_a_lost_connection_is_one_line(engine: sa.Engine) -
         with pytest.raises(DatabaseError, match="cannot take the single-instance lock"), \
                 ROOM.lock.held(conn, "pinrotate-test-lost"):
             pass
+
+
+def test_a_batchs_settings_hold_for_its_transaction_only(engine: sa.Engine) -> None:
+    from pinrotate_core.engines.postgresql.session import batch_settings
+
+    show = "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), " \
+           "current_setting('idle_in_transaction_session_timeout'), current_setting('synchronous_commit')"
+    with ROOM.raw_connection(engine) as conn:
+        before = conn.execute(show).fetchone()
+        with conn.transaction():
+            for statement in batch_settings(0.2, 30, 60, dry_run=False):
+                conn.execute(statement)
+            assert conn.execute(show).fetchone() == ("200ms", "30s", "1min", "off")
+        # SET LOCAL: nothing reaches the session (a transaction pooler's next client) after COMMIT.
+        assert conn.execute(show).fetchone() == before
+        with conn.transaction():
+            for statement in batch_settings(0.2, 30, 60, dry_run=True):
+                conn.execute(statement)
+            assert conn.execute(show).fetchone()[3] == before[3]  # a dry run writes nothing to commit

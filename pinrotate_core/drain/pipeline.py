@@ -23,6 +23,7 @@ from psycopg import sql
 
 from .. import tracing
 from ..db import describe_db_error, raw_connection
+from ..engines.postgresql.session import batch_settings
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
 from ..schemes.base import NOT_STORED, BatchPlan, FailedRow, Scheme
@@ -356,27 +357,10 @@ class BatchPipeline:
 
 
 def transaction_settings(options: DrainOptions) -> list[sql.Composable]:
-    """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes), never session
-    settings: behind a transaction pooler (PgBouncer ``pool_mode = transaction``) a server
-    connection goes to the application's next transaction, and nothing pinrotate sets may reach it.
-    """
-    # Never wait long for a lock an application holds, never run away, and never hold rows for
-    # ever: the server ends a transaction left idle longer than idle_timeout (a frozen process),
-    # which rolls it back.
-    out: list[sql.Composable] = [
-        sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(f"{max(1, int(seconds * 1000))}ms"))
-        for name, seconds in (("lock_timeout", options.lock_timeout),
-                              ("statement_timeout", options.statement_timeout),
-                              ("idle_in_transaction_session_timeout", options.idle_timeout))]
-    # Keep each batch on the primary key: on small tables the planner may otherwise hash-join
-    # the batch against a sequential scan of the whole table.
-    out += [sql.SQL("SET LOCAL enable_hashjoin = off"), sql.SQL("SET LOCAL enable_mergejoin = off")]
-    if not options.dry_run:
-        # A commit lost in a crash only leaves its rows on the old key, which is still in the
-        # keyring: the next run takes them again. So batches need not wait for each WAL flush;
-        # the drain ends with durability.force_flush() before it reports.
-        out.append(sql.SQL("SET LOCAL synchronous_commit = off"))
-    return out
+    """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes): the room's
+    ``batch_settings`` for these options."""
+    return batch_settings(options.lock_timeout, options.statement_timeout, options.idle_timeout,
+                          dry_run=options.dry_run)
 
 
 def _feeds_sizer(throttle: Throttle, rows: int, started: float) -> Callable[[Future[BatchOutcome]], None]:
