@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,38 @@ def wait_for_batches(profile: PinProfile, proc: subprocess.Popen[str], timeout: 
 
 def ctrl_c(proc: subprocess.Popen[str]) -> None:
     os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, as the terminal does
+
+
+STOPPING_HINT = "press Ctrl-C again"  # the first Ctrl-C's line: the run has taken it
+
+
+def ctrl_c_twice(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str, float]:
+    """A Ctrl-C, then a second one once the run has said it took the first (two signals sent before
+    the process handles the first arrive as one, as two quick presses would: a graceful stop);
+    stdout, stderr, and the seconds from the second Ctrl-C until the command ended."""
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda s=stream, into=into: into.extend(s), daemon=True)
+               for stream, into in ((proc.stdout, out), (proc.stderr, err))]
+    for reader in readers:
+        reader.start()
+    try:
+        ctrl_c(proc)
+        deadline = time.monotonic() + 60
+        while not any(STOPPING_HINT in line for line in list(err)):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"the run never said it took the first Ctrl-C: {''.join(err)[-4000:]}"
+            time.sleep(0.02)
+        ctrl_c(proc)
+        began = time.monotonic()
+        proc.wait(timeout=timeout)
+        seconds = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for reader in readers:
+            reader.join(timeout=10)
+    return "".join(out), "".join(err), seconds
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str, float]:
@@ -121,10 +154,7 @@ def test_a_second_ctrl_c_stops_at_once_and_loses_nothing_committed(primary_datab
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
     proc = start_run(profile, no_env_prefect(tmp_path), "--json")
     wait_for_batches(profile, proc)
-    ctrl_c(proc)
-    time.sleep(0.05)
-    ctrl_c(proc)
-    out, err, seconds = finish(proc)
+    out, err, seconds = ctrl_c_twice(proc)
     doc = only_json(out, err)
     assert proc.returncode == 130, err[-6000:]
     assert doc["exit_code"] == 130 and "second Ctrl-C" in doc["error"]
@@ -143,10 +173,7 @@ def test_after_a_second_ctrl_c_prefect_shows_the_flow_run_and_its_drains_cancell
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
     proc = start_run(profile, {**os.environ, "PREFECT_API_URL": prefect_api}, "--json")
     wait_for_batches(profile, proc)
-    ctrl_c(proc)
-    time.sleep(0.05)
-    ctrl_c(proc)
-    out, err, seconds = finish(proc)
+    out, err, seconds = ctrl_c_twice(proc)
     doc = only_json(out, err)
     assert proc.returncode == 130, err[-6000:]
     assert doc["exit_code"] == 130 and "second Ctrl-C" in doc["error"]
