@@ -412,7 +412,10 @@ def _progress_values(run_id: str) -> list[float]:
     return [float(a.data) for a in found if a.type == "progress" and a.data is not None]
 
 
-def _running_run_id(prefect_api: str, proc: subprocess.Popen[str], timeout: float = 240) -> str:
+def _running_run_id(prefect_api: str, proc: subprocess.Popen[str], config: Path, timeout: float = 240) -> str:
+    """The id of this run (by its configuration) once Prefect shows it Running. The worker's Prefect
+    server is shared by its tests: a run another test ended at once (a second Ctrl-C) may still say
+    Running there, and its progress is not this run's."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
@@ -422,6 +425,7 @@ def _running_run_id(prefect_api: str, proc: subprocess.Popen[str], timeout: floa
         while time.monotonic() < deadline:
             running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+            running = [r for r in running if r.parameters.get("config_path") == str(config)]
             if running:
                 return str(running[0].id)
             assert proc.poll() is None, f"the run ended before it was seen running: {proc.communicate()}"
@@ -447,7 +451,7 @@ def test_with_an_existing_cluster_every_batch_reaches_the_cli_and_the_progress_a
                                task_runner="dask", max_degree_of_parallelism=2, dask_address=address)
         proc = _start(profile, prefect_api)
         try:
-            run_id = _running_run_id(prefect_api, proc)
+            run_id = _running_run_id(prefect_api, proc, profile.config_path)
             seen: list[float] = []
             while proc.poll() is None:
                 seen += _progress_values(run_id)
