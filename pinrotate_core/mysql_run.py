@@ -61,7 +61,7 @@ from .keyring import Keyring
 from .log import log_event
 from .mysql_bookkeeping import record_conflicts_mysql, tenant_key
 from .mysql_inventory import capacity_blocker, read_list
-from .mysql_selection import ALIAS, batches, count_backlog, select_batch, stale_where
+from .mysql_selection import ALIAS, batches, count_backlog, read_batch, stale_where
 from .mysql_targets import read_table, resolve_mysql_target
 from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from .schemes.registry import build_scheme
@@ -203,10 +203,7 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 result.stopped = reason
                 break
             started = time.perf_counter()
-            statement, params = select_batch(scheme, tenant, lo, hi, size)
-            with conn.cursor() as cur:
-                cur.execute(statement, params)
-                rows = [tuple(r) for r in cur.fetchall()]
+            rows = read_batch(conn, scheme, tenant, lo, hi, size)
             if not rows:
                 break
             lo = rows[-1][0]

@@ -90,14 +90,20 @@ def batches(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int
     """Every in-scope row of ``id_range`` in id order, batch by batch (each a list of ``(id, *read_list)``)."""
     lo, hi = id_range
     while True:
-        statement, params = select_batch(scheme, tenant, lo, hi, size)
-        with conn.cursor() as cur:
-            cur.execute(statement, params)
-            rows = [tuple(r) for r in cur.fetchall()]
+        rows = read_batch(conn, scheme, tenant, lo, hi, size)
         if not rows:
             return
         lo = rows[-1][0]
         yield rows
+
+
+def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: Any, hi: Any,
+               size: int) -> list[tuple[Any, ...]]:
+    """The next batch of in-scope rows after id ``lo`` (up to ``hi``): ``(id, *read_list)`` each."""
+    statement, params = select_batch(scheme, tenant, lo, hi, size)
+    with conn.cursor() as cur:
+        cur.execute(statement, params)
+        return [tuple(r) for r in cur.fetchall()]
 
 
 def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
