@@ -56,6 +56,7 @@ from .engines.mysql import connect as mysql_connect
 from .engines.mysql.connect import MySqlConnection
 from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
 from .engines.mysql.operations import OPERATIONS as ops
+from .engines.mysql.signals import drain_session
 from .errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
 from .keyring import Keyring
 from .log import log_event
@@ -117,7 +118,7 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
     began = time.monotonic()
     reached = False  # the drain's CONFLICTs were recorded, or its recording failed with a reason
     try:
-        with mysql_connect.raw_connection(engine) as conn:
+        with mysql_connect.raw_connection(engine) as conn, drain_session(conn):  # known to the row-lock watch
             result.backlog_before = options.planned_backlog or count_backlog(conn, scheme, options.tenant,
                                                                              options.id_range)
             log_event("target_started", run_id=options.run_id or None, target=t.name, shard=options.shard or None,

@@ -10,13 +10,16 @@ PostgreSQL (``waiting.Throttle``), over MySQL's own signals (``engines/mysql/sig
   whose replication is not running, is lag unknown (fail-safe: the drain waits). Without
   configured replicas, replicas reading this server's binary log (``Binlog Dump`` threads) cannot be
   reached from the primary's URL: their lag is unknown too, and the log says to name them.
-- Row-lock waits on our batches are not watched on MySQL yet (the guard never waits on a row:
-  ``SKIP LOCKED``).
+- Row-lock waits: application sessions waiting for a row of a drained table that a draining
+  session holds locked (between a batch's lock and its commit; the guard itself never waits on
+  a row: ``SKIP LOCKED``), as on PostgreSQL: the drain waits and its batches grow no further.
+  Draining sessions are known by their named lock (``engines/mysql/signals.drain_session``).
+  A role that may not see lock waits (no ``PROCESS``) is told once in the log and not watched.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,9 +28,10 @@ import sqlalchemy as sa
 
 from ..db import redacted
 from ..engines.mysql import connect as mysql_connect
-from ..engines.mysql.signals import THROTTLE_SIGNALS
+from ..engines.mysql.signals import THROTTLE_SIGNALS, LockWaitsHidden, sessions_blocked_by_drains
 from ..errors import DatabaseError
-from .waiting import Throttle, ThrottleState
+from ..log import log_event
+from .waiting import REASON_LOCKS, Throttle, ThrottleState
 
 ATTACHED = "replicas attached"  # the name of the replicas the primary serves but no URL names
 
@@ -36,7 +40,7 @@ class MySqlThrottle(Throttle):
     def __init__(self, engine: sa.Engine, *args: Any, replicas: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(engine, *args, replicas=None, **kwargs)
         self.lag_meter = None  # PostgreSQL's WAL meter: replaced by each replica's own status
-        self.limits = dataclasses.replace(self.limits, watch_locks=False)
+        self.locks_hidden: str | None = None  # why the row-lock waits cannot be watched (logged once)
         self.replica_urls = tuple(replicas) if replicas is not None else None
         self._replica_engines: dict[str, sa.Engine] = {}
         self._problems: dict[str, str] = {}
@@ -57,6 +61,20 @@ class MySqlThrottle(Throttle):
             with mysql_connect.raw_connection(self.engine) as conn:
                 sample = THROTTLE_SIGNALS.load(conn)
             self._judge_load(state, max(0, sample.threads_running - 1))  # not the reading session itself
+        if lim.watch_locks and self.locks_hidden is None:
+            self._judge_locks(state)
+
+    def _judge_locks(self, state: ThrottleState) -> None:
+        try:
+            with mysql_connect.raw_connection(self.engine) as conn:
+                state.blocked = sessions_blocked_by_drains(conn, self.tables)
+        except LockWaitsHidden as e:
+            self.locks_hidden = str(e)
+            log_event("throttle_signal_hidden", level=logging.WARNING, run_id=self.run_id or None,
+                      signal="row_lock_waits", problem=self.locks_hidden)
+            return
+        if state.reason is None and state.blocked:
+            state.reason = REASON_LOCKS
 
     def _replica_lags(self) -> dict[str, float | None]:
         self._problems = {}
