@@ -21,8 +21,9 @@ from uuid import UUID
 
 import httpx
 from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.context import SettingsContext, get_settings_context
 from prefect.exceptions import ObjectNotFound
-from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, Settings
 from prefect.states import Cancelling
 
 from pinrotate_core.errors import PinrotateError
@@ -44,6 +45,28 @@ API_BACKOFF_MAX_S = 8.0
 API_POLL_TIMEOUT_S = 10.0
 
 
+_BOUNDED: dict[tuple[int, int, float], tuple[Settings, Settings]] = {}
+_BOUNDED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def bounded_settings(max_retries: int, timeout_s: float) -> Iterator[Settings]:
+    """Prefect's ``temporary_settings`` with the client's retries and request timeout, its copy of
+    the settings made once per process and base settings: Prefect copies them by reading the
+    environment again, 0.3 s of CPU each time, which a progress update or a poll every second or
+    two would pay each time."""
+    context = get_settings_context()
+    key = (id(context.settings), max_retries, timeout_s)
+    with _BOUNDED_LOCK:
+        cached = _BOUNDED.get(key)
+        if cached is None or cached[0] is not context.settings:  # an id reused by another object
+            bounded = context.settings.copy_with_update(
+                updates={PREFECT_CLIENT_MAX_RETRIES: max_retries, PREFECT_API_REQUEST_TIMEOUT: timeout_s})
+            cached = _BOUNDED[key] = (context.settings, bounded)
+    with SettingsContext(profile=context.profile, settings=cached[1]):
+        yield cached[1]
+
+
 @contextlib.contextmanager
 def polling_client() -> Iterator[SyncPrefectClient]:
     """A Prefect client for the run's own polls: one attempt per call, bounded in time.
@@ -52,8 +75,7 @@ def polling_client() -> Iterator[SyncPrefectClient]:
     60 s on a server that does not answer; a poll that fails is simply asked again later, by a
     caller that knows how long the API has been away.
     """
-    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: API_POLL_TIMEOUT_S}), \
-            get_client(sync_client=True) as client:
+    with bounded_settings(0, API_POLL_TIMEOUT_S), get_client(sync_client=True) as client:
         yield client
 
 
@@ -279,8 +301,7 @@ def _mark_cancelled(flow_run_id: str) -> None:
     open_states = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED,
                    StateType.CANCELLING]
     with contextlib.suppress(*API_ERRORS), \
-            temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: 2.0}), \
-            get_client(sync_client=True) as client:
+            bounded_settings(0, 2.0), get_client(sync_client=True) as client:
         client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=AT_ONCE_MESSAGE), force=True)
         task_runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),

@@ -17,10 +17,9 @@ from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.client.orchestration import get_client
-from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.api_watch import API_ERRORS, API_POLL_TIMEOUT_S, orchestrator_lost
+from flows.api_watch import API_ERRORS, API_POLL_TIMEOUT_S, bounded_settings, orchestrator_lost
 from flows.worker_logs import LOCAL_WORKER_ENV, relog, topic
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
@@ -205,8 +204,7 @@ class RunProgress:
         if orchestrator_lost(self.run_id):
             return
         try:
-            with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0,
-                                             PREFECT_API_REQUEST_TIMEOUT: API_POLL_TIMEOUT_S}):
+            with bounded_settings(0, API_POLL_TIMEOUT_S):
                 update_progress_artifact(artifact_id=self.artifact_id, **fields)
         except API_ERRORS as e:
             if not self.unpublished:
