@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.pinprofile import cli, seed_profile
+from tests.prefect_home import migrated_prefect_home
 from tests.test_terminal_progress import run_on_a_terminal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX pseudo-terminals, /proc")
@@ -58,7 +59,7 @@ def test_runs_at_a_terminal_share_one_prefect_server_that_stops_once_unused(
     config = str(profile.config_path)
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PINROTATE_PREFECT_SERVER", "PREFECT_API_URL")}
-    env.update(PINROTATE_HOME=str(home), PREFECT_HOME=str(tmp_path / "prefect"),
+    env.update(PINROTATE_HOME=str(home), PREFECT_HOME=migrated_prefect_home(tmp_path / "prefect"),
                PINROTATE_PREFECT_SERVER_IDLE=str(IDLE_S))
     state_file = home / "prefect-server" / "server.json"
     keeper = None

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.pinprofile import REPO, PinProfile, seed_profile
+from tests.prefect_home import migrated_prefect_home
 from tests.test_flow import rows_consistent
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals")
@@ -100,7 +101,7 @@ def only_json(out: str, err: str) -> dict[str, Any]:
 
 def no_env_prefect(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # the temporary server's SQLite file, this test's own
+    env["PREFECT_HOME"] = migrated_prefect_home(tmp_path / "prefect-home")  # the temporary server's SQLite file, this test's own
     return env
 
 

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.pinprofile import REPO, cli
+from tests.prefect_home import migrated_prefect_home
 
 
 def _check(doc: dict[str, Any], rows: int) -> None:
@@ -80,7 +81,7 @@ def test_ctrl_c_during_the_demos_flow_is_exit_130_with_one_line_and_its_sandbox_
     # No PREFECT_API_URL: the demo's temporary Prefect server, as a new user runs it. A Ctrl-C goes
     # to the whole foreground process group, as a terminal sends it, once the flow has committed a batch.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["PREFECT_HOME"] = migrated_prefect_home(tmp_path / "prefect-home")
     proc = subprocess.Popen([sys.executable, "-m", "flows.rotate", "demo", "--rows", "30000", "--json"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

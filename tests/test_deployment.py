@@ -36,6 +36,7 @@ from psycopg import sql
 from tests.conftest import PG_SERVER_IDS
 from tests.helpers import secret_forms
 from tests.pinprofile import REPO, PinProfile, seed_profile
+from tests.prefect_home import migrated_prefect_home
 
 # xdist: every test of this module on one worker (one prefect server, seeded database and deployment for the module).
 pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_deployment")]
@@ -179,13 +180,12 @@ class PrefectServer:
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """`prefect server start` on a free loopback port; returns at once (the caller waits for it).
 
-    Booting (SQLite migrations) takes tens of seconds on a busy machine: the database is seeded
-    meanwhile. The scheduler service is off, so the deployment's interval schedule creates no
+    Booting takes seconds on a busy machine (its SQLite database comes migrated: tests/prefect_home.py):
+    the database is seeded meanwhile. The scheduler service is off, so the deployment's interval schedule creates no
     run of its own: the Quick run is the only run, and the counts are exact.
     """
     work = tmp_path_factory.mktemp("prefect")
-    home = work / "home"
-    home.mkdir()
+    home = Path(migrated_prefect_home(work / "home"))  # its SQLite database migrated already
     port = free_loopback_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = prefect_env(

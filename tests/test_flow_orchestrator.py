@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from tests.pinprofile import REPO, PinProfile, seed_profile
+from tests.prefect_home import migrated_prefect_home
 from tests.test_flow import rows_consistent
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process trees")
@@ -62,7 +63,7 @@ def test_a_run_whose_temporary_prefect_server_dies_stops_between_batches_with_on
         primary_database_url: str, tmp_path: Path) -> None:
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # the temporary server's SQLite file, this test's own
+    env["PREFECT_HOME"] = migrated_prefect_home(tmp_path / "prefect-home")  # the temporary server's SQLite file, this test's own
     cli = subprocess.Popen([sys.executable, "-m", "flows.rotate", "run", "--config", str(profile.config_path), "--json"],
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -102,7 +103,8 @@ def _prefect_server_start(home: Path) -> tuple[subprocess.Popen[bytes], str]:
     once it answers."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_UI_ENABLED="false")
+    env.update(PREFECT_HOME=migrated_prefect_home(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_UI_ENABLED="false")
     log = (home / "server.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.pinprofile import cli, seed_profile
+from tests.prefect_home import migrated_prefect_home
 
 # xdist: every test of this module on one worker (one authenticated prefect server for the module).
 pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_prefect_auth")]
@@ -42,7 +43,7 @@ def authed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     port = _free_port()
     auth = f"admin:{secrets.token_urlsafe(12)}"  # a throwaway test credential
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_API_AUTH_STRING=auth,
+    env.update(PREFECT_HOME=migrated_prefect_home(home), PREFECT_SERVER_API_AUTH_STRING=auth,
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_UI_ENABLED="false")
     log = (home / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
