@@ -134,6 +134,16 @@ def row_version_columns(by_ctid: bool) -> tuple[str, ...]:
     return tuple(c for c in ROW_VERSION_COLUMNS if not by_ctid or c not in PLAIN_TABLE_OMITS)
 
 
+def _refuse_percent_names(t: TargetSettings) -> None:
+    """A run's statements carry bound parameters, and psycopg reads a ``%`` in a quoted name as a
+    placeholder: a run on such a name would fail in its first batch with an error that names no
+    column. BLOCKED before anything runs, naming the names (the MySQL room writes them doubled)."""
+    names = [t.table, t.id, *t.columns, t.key_version, t.tenant, t.soft_delete, *t.require_not_null]
+    found = sorted({n for n in names if n and "%" in n})
+    if found:
+        raise TargetBlocked(t.name, f"a '%' in a name is not supported on PostgreSQL yet: {', '.join(found)}")
+
+
 def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, *,
                    writing: bool = True, reads_versions: bool = False) -> ResolvedTarget:
     """Check ``t`` against the catalog (the PostgreSQL room's ``catalog`` pieces); raise
@@ -143,6 +153,8 @@ def resolve_target(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettin
     inventory or a gate asks only what reading needs. ``reads_versions``: the run also reads each
     row's version (``ROW_VERSION_COLUMNS``), a privilege a column grant must name.
     """
+    if writing:
+        _refuse_percent_names(t)
     relation = relation_of(t)
     regname = relation.as_string(conn)
     try:
