@@ -1,8 +1,9 @@
 """The write guard port: what a batch pipeline asks of the strategy that keeps its writes safe
 against an application writing the same rows (``guard_version.py``: compare-and-swap on the row
 version read; ``guard_cas.py``: compare-and-swap on the value read). Both read without row locks,
-so no row is locked while its batch is re-encrypted. Each guard owns its statements, how a write
-that missed is settled, what is swept after the passes and whether conflicts are recorded; the
+so no row is locked while its batch is re-encrypted. Each guard owns its statements (composed by
+the PostgreSQL room: ``engines/postgresql/row_versions.py``, ``guard_cas.py``), how a write that
+missed is settled, what is swept after the passes and whether conflicts are recorded; the
 pipeline never asks which guard it runs."""
 
 from __future__ import annotations
