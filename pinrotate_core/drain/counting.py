@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg import sql
 
+from ..engines.postgresql import counts as pg_counts
 from ..schemes.base import Scheme
 from .selection import Selection
 
@@ -54,16 +55,10 @@ class BacklogCounter:
         if self._values is not None:
             return [self.count_backlog(conn, id_range=r) for r in zip([lo, *bounds], [*bounds, hi])]
         s = self.selection
-        conds, params = s.range(lo, hi)  # the outer ends; each FILTER below cuts between bounds
-        filters: list[sql.Composable] = []
-        filter_params: list[Any] = []
-        for a, b in zip([None, *bounds], [*bounds, None]):
-            cut, cut_params = s.range(a, b)
-            filters.append(sql.SQL("count(*) FILTER (WHERE {})").format(sql.SQL(" AND ").join(cut or [sql.SQL("true")])))
-            filter_params += cut_params
-        query = sql.SQL("SELECT {counts} FROM {rel} WHERE {where}").format(
-            counts=sql.SQL(", ").join(filters), rel=s.target.relation, where=s.stale_in(conds))
-        row = conn.execute(query, [*filter_params, *params]).fetchone()
+        conds, params = s.range(lo, hi)  # the outer ends; each count below cuts between bounds
+        query, args = pg_counts.range_counts(s.target.relation, s.stale_in(conds), params,
+                                             [s.range(a, b) for a, b in zip([None, *bounds], [*bounds, None])])
+        row = conn.execute(query, args).fetchone()
         return [int(n) for n in row] if row else [0] * (len(bounds) + 1)
 
     def _count_rows(self, conn: psycopg.Connection[Any], exclude: frozenset[str] = frozenset(),
@@ -71,15 +66,10 @@ class BacklogCounter:
         """Stale rows in scope: (all of them, those whose id is not in ``exclude``), in one scan."""
         s = self.selection
         conds, params = s.range(*(id_range or self.id_range))
-        unfailed: sql.Composable = sql.SQL("")  # without exclude, the one count serves as both
-        if exclude:
-            unfailed = sql.SQL(", count(*) FILTER (WHERE NOT ({}::text = ANY(%s)))").format(s.id)
-            params.insert(0, list(exclude))
-        query = sql.SQL("SELECT count(*){unfailed} FROM {rel} WHERE {where}").format(
-            unfailed=unfailed, rel=s.target.relation, where=s.stale_in(conds))
+        query, args = pg_counts.row_counts(s.target.relation, s.id, s.stale_in(conds), params, exclude)
         with conn.transaction():
             _count_by_primary_key_in_a_range(conn, conds)
-            row = conn.execute(query, params).fetchone()
+            row = conn.execute(query, args).fetchone()
         return (int(row[0]), int(row[-1])) if row else (0, 0)
 
     def _count_values(self, values: CountsStaleValues, conn: psycopg.Connection[Any], exclude: frozenset[str],
@@ -107,4 +97,4 @@ def _count_by_primary_key_in_a_range(conn: psycopg.Connection[Any], range_condit
     shards would each read the whole table; by the index, a shard's count costs in proportion to
     the shard, less than its drain's own reads."""
     if range_conditions:
-        conn.execute("SET LOCAL enable_seqscan = off")
+        pg_counts.walk_primary_key(conn)

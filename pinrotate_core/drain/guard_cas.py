@@ -15,10 +15,11 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from ..conflicts import NO_TENANT, StateError, record_conflicts
+from ..engines.postgresql import guard_cas as pg_cas
 from ..schemes.base import Scheme, Write
 from ..targets import Column, row_lock
 from .counting import BacklogCounter
-from .guards import Sweep, stored_as_sent
+from .guards import Sweep
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, NotStored, Tally
 from .selection import Selection
@@ -63,43 +64,9 @@ class CasGuard:
         if cached is not None:
             return cached
         columns = [self.target.columns[j] for j in write.columns]
-        arrays: list[sql.Composable] = [sql.SQL("%s::{}[]").format(sql.Identifier(self.target.id_column.type_name))]
-        arrays += [sql.SQL("%s::text[]")] * (2 * len(columns))
-        names: list[sql.Composable] = []
-        sets: list[sql.Composable] = []
-        same: list[sql.Composable] = []
-        stored: list[sql.Composable] = []
-        for i, c in enumerate(columns):
-            old, new = sql.Identifier(f"o{i}"), sql.Identifier(f"n{i}")
-            names += [old, new]
-            ref = sql.Identifier("t", c.name)
-            if c.type_name == "jsonb":
-                sets.append(sql.SQL("{} = u.{}::jsonb").format(sql.Identifier(c.name), new))
-                same.append(sql.SQL("{} = u.{}::jsonb").format(ref, old))
-                stored.append(stored_as_sent(c, sql.SQL("u.{}::jsonb").format(new)))
-            elif c.type_name == "json":
-                sets.append(sql.SQL("{} = u.{}::json").format(sql.Identifier(c.name), new))
-                same.append(sql.SQL("{}::text = u.{}").format(ref, old))
-                stored.append(stored_as_sent(c, sql.SQL("u.{}").format(new)))
-            else:
-                sets.append(sql.SQL("{} = u.{}").format(sql.Identifier(c.name), new))
-                same.append(sql.SQL("{} = u.{}").format(ref, old))
-                stored.append(stored_as_sent(c, sql.SQL("u.{}").format(new)))
-        # Lock first, never wait: a row an application holds locked is skipped (left for the
-        # sweep or the next run, as the lock guard's SKIP LOCKED leaves it), the others are
-        # locked and written where they still hold the values read.
-        statement = sql.SQL(
-            "WITH pinrotate_locked AS MATERIALIZED ("
-            "SELECT u.* FROM unnest({arrays}) AS u(pinrotate_id, {names}) JOIN {rel} AS t "
-            "ON t.{id} = u.pinrotate_id {lock} OF t SKIP LOCKED), "
-            "pinrotate_moved AS (UPDATE {rel} AS t SET {sets} FROM pinrotate_locked AS u "
-            "WHERE t.{id} = u.pinrotate_id AND {same} AND {scope} "
-            "RETURNING t.{id} AS pinrotate_id, {stored} AS pinrotate_stored) "
-            "SELECT true, pinrotate_id, pinrotate_stored FROM pinrotate_moved "
-            "UNION ALL SELECT false, pinrotate_id, true FROM pinrotate_locked"
-        ).format(rel=self.target.relation, sets=sql.SQL(", ").join(sets), arrays=sql.SQL(", ").join(arrays),
-                 names=sql.SQL(", ").join(names), id=self.selection.id, same=sql.SQL(" AND ").join(same),
-                 scope=self.selection.scope_t, stored=sql.SQL(" AND ").join(stored), lock=row_lock(self.target))
+        statement = pg_cas.update(self.target.relation, self.selection.id, self.target.id_column.type_name,
+                                  [(c.name, c.type_name) for c in columns], self.selection.scope_t,
+                                  row_lock(self.target))
         self._statements[write.columns] = statement
         return statement
 
@@ -140,9 +107,7 @@ class CasGuard:
         conflict, as before."""
         s = self.selection
         columns = [self.target.columns[j] for j in write.columns]
-        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s) AND {scope}").format(
-            id=s.id, cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in columns),
-            rel=self.target.relation, scope=s.scope)
+        query = pg_cas.missed_rows(self.target.relation, s.id, [c.name for c in columns], s.scope)
         read = {write.ids[i]: [old[i] for old in write.old] for i in missed}
         settled: set[Any] = set()
         held: set[Any] = set()

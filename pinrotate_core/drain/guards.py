@@ -1,8 +1,9 @@
 """The write guard port: what a batch pipeline asks of the strategy that keeps its writes safe
 against an application writing the same rows (``guard_version.py``: compare-and-swap on the row
 version read; ``guard_cas.py``: compare-and-swap on the value read). Both read without row locks,
-so no row is locked while its batch is re-encrypted. Each guard owns its statements, how a write
-that missed is settled, what is swept after the passes and whether conflicts are recorded; the
+so no row is locked while its batch is re-encrypted. Each guard owns its statements (composed by
+the PostgreSQL room: ``engines/postgresql/row_versions.py``, ``guard_cas.py``), how a write that
+missed is settled, what is swept after the passes and whether conflicts are recorded; the
 pipeline never asks which guard it runs."""
 
 from __future__ import annotations
@@ -14,25 +15,18 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from ..engines.postgresql import stored as pg_stored
 from ..schemes.base import Write
 from ..targets import Column
 from .counting import BacklogCounter
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, Tally
 
-# Text types compared byte for byte (a deterministic collation's equality), whatever the column's collation.
-_COLLATABLE = frozenset({"text", "varchar", "bpchar"})
-
 
 def stored_as_sent(column: Column, sent: sql.Composable, alias: str = "t") -> sql.Composable:
-    """SQL, true when the value ``column`` holds after an UPDATE (in its RETURNING: BEFORE UPDATE
-    triggers' effects included) is the value ``sent``, of the column's own base type."""
-    ref = sql.Identifier(alias, column.name)
-    if column.type_name == "json":  # no equality operator: its text, as stored
-        return sql.SQL("{}::text IS NOT DISTINCT FROM {}::text").format(ref, sent)
-    if column.type_name in _COLLATABLE:
-        return sql.SQL('{} IS NOT DISTINCT FROM {} COLLATE "C"').format(ref, sent)
-    return sql.SQL("{} IS NOT DISTINCT FROM {}").format(ref, sent)
+    """SQL, true when the value ``column`` holds after an UPDATE is the value ``sent`` (the
+    PostgreSQL room's ``stored.stored_as_sent``, which the guards' statements ask there)."""
+    return pg_stored.stored_as_sent(column.name, column.type_name, sent, alias)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 
 from ..db import describe_db_error, raw_connection, read_only_when
+from ..engines.postgresql import estimates as pg_estimates
 from ..errors import DatabaseError
 from ..log import log_event
 from ..schemes.base import Scheme
@@ -51,9 +51,7 @@ class ShardPlanner:
 
     def estimated_rows(self, conn: psycopg.Connection[Any]) -> int:
         """The planner's estimate of the table's rows (pg_class.reltuples; 0 when never analyzed)."""
-        row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                           [self.target.relation.as_string(conn)]).fetchone()
-        return max(0, int(row[0])) if row and row[0] is not None else 0
+        return pg_estimates.estimated_rows(conn, self.target.relation)
 
     def _sampled_bounds(self, conn: psycopg.Connection[Any], ranges: int,
                         backlog: int) -> tuple[list[Any], int | None]:
@@ -73,18 +71,8 @@ class ShardPlanner:
         def quantiles(sample_percent: float | None) -> tuple[int, list[Any], int]:
             """(stale rows seen, the inner boundaries, rows seen) over the whole table (rows seen: the
             stale ones), or over a page sample of it (rows seen: every row of the sampled pages)."""
-            where = s.stale_in(conds)
-            if sample_percent is None:
-                query = sql.SQL("SELECT count(*), percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {id}) "
-                                "FROM {rel} WHERE {where}").format(id=s.id, rel=self.target.relation, where=where)
-                args = [fractions, *params]
-            else:  # every row of the sampled pages is seen: its stale share scales the planner's estimate
-                query = sql.SQL(
-                    "SELECT count(*) FILTER (WHERE s.stale), percentile_disc(%s::float8[]) WITHIN GROUP "
-                    "(ORDER BY s.pinrotate_id) FILTER (WHERE s.stale), count(*) "
-                    "FROM (SELECT {id} AS pinrotate_id, ({where}) AS stale FROM {rel} TABLESAMPLE SYSTEM (%s)) AS s"
-                ).format(id=s.id, rel=self.target.relation, where=where)
-                args = [fractions, *params, sample_percent]
+            query, args = pg_estimates.id_quantiles(s.id, self.target.relation, s.stale_in(conds), params, fractions,
+                                                    sample_percent)
             row = conn.execute(query, args).fetchone()
             if not row:
                 return 0, [], 0
