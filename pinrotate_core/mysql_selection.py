@@ -108,8 +108,10 @@ def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: An
 
 def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
                   id_range: tuple[Any, Any]) -> Iterator[tuple[Any, int]]:
-    """``(id, values to move)`` of every stale row of ``id_range`` holding any, in id order: one
-    unbuffered pass, classified as the inventory classifies (no decryption)."""
+    """``(id, units to move)`` of every stale row of ``id_range`` holding any, in id order: one
+    unbuffered pass, classified as the inventory classifies (no decryption). A unit is a value for
+    a scheme whose reports count values (``fpc1``), else the row (``aesgcm``, ``vault-transit``:
+    a Transit row with two values on an old version is one row to move, as the drain reports it)."""
     statement, params = select_batch(scheme, tenant, *id_range, None)
     cursor = conn.cursor(SSCursor)
     try:
@@ -118,13 +120,13 @@ def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
             for row in rows:
                 n = sum(1 for value, _ in scheme.inspect(row[1:], False) if value.category in BACKLOG)
                 if n:
-                    yield row[0], n
+                    yield row[0], n if scheme.counts_values else 1
     finally:
         cursor.close()
 
 
 def count_backlog(conn: MySqlConnection, scheme: Scheme, tenant: str | None, id_range: tuple[Any, Any]) -> int:
-    """Rows (``aesgcm``) or values (``fpc1``) still to move in ``id_range``, in scope."""
+    """Rows (``aesgcm``, ``vault-transit``) or values (``fpc1``) still to move in ``id_range``, in scope."""
     return sum(n for _, n in _backlog_rows(conn, scheme, tenant, id_range))
 
 
