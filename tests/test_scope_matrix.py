@@ -291,6 +291,17 @@ class Case:
         assert not rewritten, f"out-of-scope rows rewritten: {sorted(rewritten)}"
 
 
+def assert_on_current_key(world: World, plain: dict[tuple[int, str], bytes], row_id: int,
+                          row: dict[str, Any]) -> None:
+    """Row ``row_id``'s values are on the current key with their plaintexts; a NULL stayed NULL."""
+    for column in ("a", "b"):
+        if (row_id, column) not in plain:
+            assert row[column] is None, f"row {row_id}: NULL {column} did not stay NULL"
+            continue
+        assert world.key_of(row, column) == world.current_key
+        assert world.decrypt(row, column) == plain[(row_id, column)]
+
+
 def changed(before: Snapshot, after: Snapshot) -> set[int]:
     """Ids of rows that differ in any column or were written at all (ids only: never a value in a message)."""
     assert after.keys() == before.keys(), "rows appeared or disappeared"
@@ -371,12 +382,7 @@ def test_run_rewrites_only_in_scope_rows_on_the_old_key(case: Case) -> None:
     assert sorted(moved) == sorted(case.ids(in_scope=True, old=True))
     for row_id in moved:
         row, was = after[row_id], before[row_id]
-        for column in ("a", "b"):
-            if (row_id, column) not in case.plain:
-                assert row[column] is None, f"row {row_id}: NULL {column} did not stay NULL"
-                continue
-            assert world.key_of(row, column) == world.current_key
-            assert world.decrypt(row, column) == case.plain[(row_id, column)]
+        assert_on_current_key(world, case.plain, row_id, row)
         # Only the cipher columns (and aesgcm's key-version column) change.
         kept = {k: v for k, v in row.items() if k not in ("xmin", "a", "b", "key_version")}
         assert kept == {k: v for k, v in was.items() if k not in ("xmin", "a", "b", "key_version")}

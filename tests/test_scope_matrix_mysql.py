@@ -25,7 +25,19 @@ from pinrotate_core.mysql_inventory import take_mysql_inventory
 from pinrotate_core.providers import build_provider
 from tests.mariadb_server import MariaDbServer
 
-from .test_scope_matrix import RULES, SCHEMES, TARGET, TENANT, WORLDS, Spec, World, changed, rows_for, target_settings
+from .test_scope_matrix import (
+    RULES,
+    SCHEMES,
+    TARGET,
+    TENANT,
+    WORLDS,
+    Spec,
+    World,
+    assert_on_current_key,
+    changed,
+    rows_for,
+    target_settings,
+)
 
 pytestmark = [pytest.mark.mysql, pytest.mark.server_wide]  # the gate sweeps the whole server
 
@@ -156,12 +168,7 @@ def test_every_command_keeps_to_the_scope_rule_on_mariadb(world: World, rule: st
     assert sorted(changed(before, after)) == sorted(case.ids(in_scope=True, old=True))
     for row_id in case.ids(in_scope=True, old=True):
         row, was = after[row_id], before[row_id]
-        for column in ("a", "b"):
-            if (row_id, column) not in case.plain:
-                assert row[column] is None, f"row {row_id}: NULL {column} did not stay NULL"
-                continue
-            assert world.key_of(row, column) == world.current_key
-            assert world.decrypt(row, column) == case.plain[(row_id, column)]
+        assert_on_current_key(world, case.plain, row_id, row)
         kept = ("tenant_id", "deleted", "note", "version", "updated_at")
         assert {k: row[k] for k in kept} == {k: was[k] for k in kept}
     r = report.targets[TARGET]
