@@ -21,7 +21,7 @@ from uuid import UUID
 
 import httpx
 from prefect.client.orchestration import SyncPrefectClient, get_client
-from prefect.context import SettingsContext, get_settings_context
+from prefect.context import SettingsContext, SyncClientContext, get_settings_context
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, Settings
 from prefect.states import Cancelling
@@ -75,7 +75,25 @@ def polling_client() -> Iterator[SyncPrefectClient]:
     60 s on a server that does not answer; a poll that fails is simply asked again later, by a
     caller that knows how long the API has been away.
     """
-    with bounded_settings(0, API_POLL_TIMEOUT_S), get_client(sync_client=True) as client:
+    with bounded_settings(0, API_POLL_TIMEOUT_S), own_client() as client:
+        yield client
+
+
+@contextlib.contextmanager
+def own_client() -> Iterator[SyncPrefectClient]:
+    """A Prefect client of this call's own, made with the settings in force here.
+
+    Inside a flow or task run, ``get_client`` hands out the run's own client (its
+    ``SyncClientContext``): a watch thread running in a copy of that context then polled with the
+    run's retries and timeouts, not its own, and once the task had closed that client a poll
+    entering it raised "cannot be started again after closing" and ended the watch (seen on a Dask
+    worker). The context's client is hidden while this one is made."""
+    token = SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
+    try:
+        client = get_client(sync_client=True)
+    finally:
+        SyncClientContext.__var__.reset(token)
+    with client:
         yield client
 
 
@@ -301,7 +319,7 @@ def _mark_cancelled(flow_run_id: str) -> None:
     open_states = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED,
                    StateType.CANCELLING]
     with contextlib.suppress(*API_ERRORS), \
-            bounded_settings(0, 2.0), get_client(sync_client=True) as client:
+            bounded_settings(0, 2.0), own_client() as client:
         client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=AT_ONCE_MESSAGE), force=True)
         task_runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_progress_artifact
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.api_watch import API_ERRORS, API_POLL_TIMEOUT_S, bounded_settings, orchestrator_lost
+from flows.api_watch import API_ERRORS, orchestrator_lost, polling_client
 from flows.worker_logs import LOCAL_WORKER_ENV, relog, topic
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import PinrotateError
@@ -204,8 +205,11 @@ class RunProgress:
         if orchestrator_lost(self.run_id):
             return
         try:
-            with bounded_settings(0, API_POLL_TIMEOUT_S):
-                update_progress_artifact(artifact_id=self.artifact_id, **fields)
+            # Prefect's update_progress_artifact would write with the run's own client (its retries).
+            # (A field left out is left as it is: a description is sent only when it changes.)
+            with polling_client() as client:
+                client.update_artifact(artifact_id=self.artifact_id, artifact=ArtifactUpdate(
+                    data=fields["progress"], **({"description": fields["description"]} if "description" in fields else {})))
         except API_ERRORS as e:
             if not self.unpublished:
                 log_event("progress_not_published", level=logging.WARNING, run_id=self.run_id,

@@ -192,3 +192,41 @@ def test_the_progress_artifact_ends_at_the_latest_share_when_a_periodic_write_an
     with get_client(sync_client=True) as client:
         stored = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[progress.artifact_id])))
     assert [float(a.data) for a in stored] == [100.0]
+
+
+def test_the_runs_own_polls_use_a_client_of_their_own_not_the_task_runs(prefect_api: str) -> None:
+    """In a task run, ``get_client`` hands out the run's client: a watch polling with it used the
+    run's retries, and once the task closed it the next poll raised "cannot be started again after
+    closing" and ended the watch (seen on a Dask worker). The polls make their own."""
+    from prefect import flow
+    from prefect.context import SyncClientContext
+    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES
+
+    from flows.api_watch import API_POLL_TIMEOUT_S, polling_client
+
+    @flow(persist_result=False)
+    def probe() -> tuple[bool, bool, float, int]:
+        run_ctx = SyncClientContext.get()
+        assert run_ctx is not None, "the flow engine sets the run's client"
+        with polling_client() as client:
+            own = client is not run_ctx.client
+            timeout = client._client.timeout.read  # noqa: SLF001 - what the client was made with
+            retries = PREFECT_CLIENT_MAX_RETRIES.value()
+        after = SyncClientContext.get()
+        return own, after is run_ctx and not run_ctx.client._closed, float(timeout or 0), retries  # noqa: SLF001
+
+    own, run_client_kept, timeout, retries = probe()
+    assert own and run_client_kept
+    assert (timeout, retries) == (API_POLL_TIMEOUT_S, 0)
+    assert PREFECT_API_REQUEST_TIMEOUT.value() != API_POLL_TIMEOUT_S  # the bound stayed inside the poll
+
+    # The run's client closed (its task ended) while the context still names it: a poll still works.
+    with SyncClientContext.get_or_create() as ctx:
+        closed = ctx.client
+    assert closed._closed  # noqa: SLF001
+    token = SyncClientContext.__var__.set(ctx)
+    try:
+        with polling_client() as client:
+            assert client is not closed and client.api_healthcheck() is None
+    finally:
+        SyncClientContext.__var__.reset(token)
