@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, cast
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -178,19 +179,25 @@ class _SlowEarlyWrites(RunProgress):
 
 def test_the_progress_artifact_ends_at_the_latest_share_when_a_periodic_write_and_a_shard_end_cross(
         prefect_api: str) -> None:
+    from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
 
-    progress = _SlowEarlyWrites(str(uuid.uuid4()), "2", total=20)
-    assert progress.artifact_id is not None
-    progress.batch("Person", 10)
-    watch = threading.Thread(target=progress.publish)  # reads 50 %, then takes its time to write it
-    watch.start()
-    time.sleep(0.1)
-    progress.advance(20, target="Person")  # the only shard ended: 100 %
-    watch.join()
+    @flow(persist_result=False)
+    def crossing() -> UUID:  # in a flow run, as the run's progress always is
+        progress = _SlowEarlyWrites(str(uuid.uuid4()), "2", total=20)
+        assert progress.artifact_id is not None
+        progress.batch("Person", 10)
+        watch = threading.Thread(target=progress.publish)  # reads 50 %, then takes its time to write it
+        watch.start()
+        time.sleep(0.1)
+        progress.advance(20, target="Person")  # the only shard ended: 100 %
+        watch.join()
+        return progress.artifact_id
+
+    artifact_id = crossing()
     with get_client(sync_client=True) as client:
-        stored = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[progress.artifact_id])))
+        stored = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id])))
     assert [float(a.data) for a in stored] == [100.0]
 
 
@@ -210,10 +217,10 @@ def test_the_runs_own_polls_use_a_client_of_their_own_not_the_task_runs(prefect_
         assert run_ctx is not None, "the flow engine sets the run's client"
         with polling_client() as client:
             own = client is not run_ctx.client
-            timeout = client._client.timeout.read  # noqa: SLF001 - what the client was made with
+            timeout = client._client.timeout.read
             retries = PREFECT_CLIENT_MAX_RETRIES.value()
         after = SyncClientContext.get()
-        return own, after is run_ctx and not run_ctx.client._closed, float(timeout or 0), retries  # noqa: SLF001
+        return own, after is run_ctx and not run_ctx.client._closed, float(timeout or 0), retries
 
     own, run_client_kept, timeout, retries = probe()
     assert own and run_client_kept
@@ -223,7 +230,7 @@ def test_the_runs_own_polls_use_a_client_of_their_own_not_the_task_runs(prefect_
     # The run's client closed (its task ended) while the context still names it: a poll still works.
     with SyncClientContext.get_or_create() as ctx:
         closed = ctx.client
-    assert closed._closed  # noqa: SLF001
+    assert closed._closed
     token = SyncClientContext.__var__.set(ctx)
     try:
         with polling_client() as client:
