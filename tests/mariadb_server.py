@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pymysql
+import pytest
 
 MACHINE_HOST = "127.0.0.1"
 MACHINE_PORT = 3306
@@ -160,3 +161,22 @@ def mariadb_server() -> MariaDbServer:
     """The machine's MariaDB when it answers, else one of our own (stop() it at the end)."""
     return machine_server() or start_own_server()
 
+
+
+# A module whose counts or gates are the whole server's (the gate's sweep, lock waits, marked
+# sessions) takes a mariadbd of its own instead of holding the shared one alone: it imports these
+# two, which then stand for conftest's ``mariadb`` and ``mysql_database`` in that module, and
+# marks itself ``xdist_group`` (its tests on one worker, one server).
+@pytest.fixture(scope="module", name="mariadb")
+def private_mariadb() -> Iterator[MariaDbServer]:
+    server = start_own_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(name="mysql_database")
+def private_mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
+    with mariadb.fresh_database() as name:
+        yield name

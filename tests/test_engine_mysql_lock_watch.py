@@ -20,7 +20,7 @@ from pinrotate_core.engines.mysql.connect import MySqlConnection, raw_connection
 from pinrotate_core.engines.mysql.signals import DRAIN_MARK, LockWaitsHidden, drain_session, sessions_blocked_by_drains
 from pinrotate_core.throttle import BatchSizer, ThrottleLimits
 from pinrotate_core.throttle.mysql import MySqlThrottle
-from tests.mariadb_server import MariaDbServer, start_own_server
+from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
 # Counts of lock waits and of marked sessions are server-wide: on the shared MariaDB another
 # worker's drain would show in them. The module has a mariadbd of its own, its tests on one worker.
@@ -62,21 +62,6 @@ def _until(count: Callable[[], int], expected: int, timeout: float = 10.0) -> in
     while (seen := count()) != expected and time.monotonic() < deadline:
         time.sleep(0.25)
     return seen
-
-
-@pytest.fixture(scope="module")
-def mariadb() -> Iterator[MariaDbServer]:
-    server = start_own_server()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
-    with mariadb.fresh_database() as name:
-        yield name
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ the ciphertext) and are counted EXCLUDED; the gate for the old key is decided ov
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pymysql
@@ -24,7 +23,7 @@ from pinrotate_core.engines.mysql.connect import make_engine
 from pinrotate_core.mysql_gate import mysql_retire_gate
 from pinrotate_core.mysql_inventory import take_mysql_inventory
 from pinrotate_core.providers import build_provider
-from tests.mariadb_server import MariaDbServer, start_own_server
+from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
 from .test_scope_matrix import (
     RULES,
@@ -120,30 +119,15 @@ class MySqlCase:
         return inv.targets[TARGET]
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[MariaDbServer]:
-    server = start_own_server()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def own_database(own_server: MariaDbServer) -> Iterator[str]:
-    with own_server.fresh_database() as name:
-        yield name
-
-
 @pytest.fixture(params=SCHEMES)
 def world(request: pytest.FixtureRequest) -> World:
     return WORLDS[request.param](request)
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_every_command_keeps_to_the_scope_rule_on_mariadb(world: World, rule: str, own_server: MariaDbServer,
-                                                          own_database: str) -> None:
-    case = MySqlCase(world, rule, own_server, own_database)
+def test_every_command_keeps_to_the_scope_rule_on_mariadb(world: World, rule: str, mariadb: MariaDbServer,
+                                                          mysql_database: str) -> None:
+    case = MySqlCase(world, rule, mariadb, mysql_database)  # the module's own server (private_mariadb)
     values = world.inventory_counts_values
     old_in = case.units(in_scope=True, old=True, values=values)
     cur_in = case.units(in_scope=True, old=False, values=values)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.mariadb_server import MariaDbServer, start_own_server
+from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
 from .codecs import forge_fpc1
 from .forge_data import install_forge
@@ -24,23 +23,9 @@ from .support import application, connect, file_keyring, one_line_error, query, 
 # Every test here asks a gate, which sweeps every database of the server and waits for every
 # transaction in flight on it. On the shared MariaDB that would hold the server alone
 # (server_wide) and hold up every other MySQL test meanwhile: the module has a mariadbd of its
-# own instead (``mariadb`` and ``mysql_database`` below), its tests on one worker.
+# own instead (``mariadb`` and ``mysql_database``: tests/mariadb_server.private_mariadb), its tests on one worker.
 pytestmark = [pytest.mark.mysql, pytest.mark.xdist_group("test_gate_on_mariadb")]
 
-
-@pytest.fixture(scope="module")
-def mariadb() -> Iterator[MariaDbServer]:
-    server = start_own_server()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
-    with mariadb.fresh_database() as name:
-        yield name
 
 INSERT_PERSON = ("INSERT INTO persons (id, first_name_cipher, last_name_cipher, middle_name_cipher, birth_date_cipher,"
                  " key_version) VALUES (%s, %s, %s, %s, %s, %s)")
