@@ -13,20 +13,11 @@ from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 
-from ..engines.postgresql import stored as pg_stored
 from ..schemes.base import Write
-from ..targets import Column
 from .counting import BacklogCounter
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, Tally
-
-
-def stored_as_sent(column: Column, sent: sql.Composable, alias: str = "t") -> sql.Composable:
-    """SQL, true when the value ``column`` holds after an UPDATE is the value ``sent`` (the
-    PostgreSQL room's ``stored.stored_as_sent``, which the guards' statements ask there)."""
-    return pg_stored.stored_as_sent(column.name, column.type_name, sent, alias)
 
 
 @dataclass(frozen=True)
