@@ -287,25 +287,33 @@ def signals_cancel(flow_run_id: str, stop: threading.Event) -> Iterator[None]:
 
 
 def stop_at_once(flow_run_id: str | None) -> None:
-    """A second Ctrl-C: record the flow run Cancelled if the API answers within a second or two,
+    """A second Ctrl-C: record the flow run Cancelled if the API answers within a few seconds,
     then end the process (the CLI's ``at_once``), or raise KeyboardInterrupt where there is none."""
     if flow_run_id is not None:
         marker = threading.Thread(target=contextvars.copy_context().run, args=(_mark_cancelled, flow_run_id),
                                   name="cancelled-at-once", daemon=True)
         marker.start()
-        marker.join(timeout=3.0)
+        marker.join(timeout=4.0)
     if STOP_SIGNALS.at_once is not None:
         STOP_SIGNALS.at_once()
     raise KeyboardInterrupt
 
 
 AT_ONCE_MESSAGE = "stopped at once by a second Ctrl-C; the open batch rolled back"
+_MARK_READS = 4  # reads of the open task runs, at most (the last read that finds none ends them)
+_MARK_PAUSE_S = 0.25
 
 
 def _mark_cancelled(flow_run_id: str) -> None:
     """The flow run and every task run of it not yet final (the drains this process is about to end,
     the shards never started) Cancelled: the process ends before their own engines could say so, and
-    Prefect would otherwise show them Running for ever."""
+    Prefect would otherwise show them Running for ever.
+
+    A task run's states reach the API as events, recorded by the server after they arrive: a drain
+    that started just before the second Ctrl-C may not be listed yet, and its Running would be
+    recorded after this mark (seen in CI: one drain left Running). So this process's events are
+    sent first (``EventsWorker.drain_all``), and the open task runs are read again until a read
+    finds none or the mark's time is up."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterId,
@@ -314,6 +322,7 @@ def _mark_cancelled(flow_run_id: str) -> None:
         TaskRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
+    from prefect.events.worker import EventsWorker
     from prefect.states import Cancelled
 
     open_states = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED,
@@ -321,11 +330,16 @@ def _mark_cancelled(flow_run_id: str) -> None:
     with contextlib.suppress(*API_ERRORS), \
             bounded_settings(0, 2.0), own_client() as client:
         client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=AT_ONCE_MESSAGE), force=True)
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
-            task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))))
-        for task_run in task_runs:
-            client.set_task_run_state(task_run.id, Cancelled(message=AT_ONCE_MESSAGE), force=True)
+        EventsWorker.drain_all(timeout=1.0)
+        for attempt in range(_MARK_READS):
+            task_runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+                task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))))
+            for task_run in task_runs:
+                client.set_task_run_state(task_run.id, Cancelled(message=AT_ONCE_MESSAGE), force=True)
+            if not task_runs and attempt > 0:
+                break
+            time.sleep(_MARK_PAUSE_S)  # the server records the events sent above
 
 
 def _cancelling(client: SyncPrefectClient, flow_run_id: str) -> bool:
