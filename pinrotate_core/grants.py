@@ -9,7 +9,7 @@ table for ciphertexts outside the targets. These statements grant exactly that. 
 
 from __future__ import annotations
 
-from . import bookkeeping, conflicts, key_checks
+from . import conflicts, key_checks
 from .config import Settings
 from .engines.postgresql import grants as pg_grants
 from .forge_discovery import with_forge_targets
@@ -39,5 +39,5 @@ def grant_statements(settings: Settings, role: str, *, read_only: bool = False) 
         versions = list(ROW_VERSION_COLUMNS) if reads_row_versions(t.format) else []
         written = [*t.columns, *([t.key_version] if t.key_version else [])]
         out += pg_grants.rotation_grants(t.schema_name, t.table_name, [*read_columns(t), *versions], written, role)
-    out += pg_grants.bookkeeping_grants(bookkeeping.SCHEMA, conflicts.TABLE, key_checks.TABLE, role)
+    out += pg_grants.bookkeeping_grants(conflicts.SCHEMA, conflicts.TABLE, key_checks.TABLE, role)
     return [s + ";" for s in out]

@@ -18,36 +18,26 @@ from typing import Any, Final, Protocol, runtime_checkable
 import psycopg
 import sqlalchemy as sa
 from psycopg import errors as pg_errors
-from psycopg import sql
 
 from ._primitives import key_check_value
-from .bookkeeping import SCHEMA, create_once, table_exists
 from .config import Settings
 from .db import describe_db_error, raw_connection
+from .engines.postgresql import bookkeeping as pg
 from .errors import DatabaseError, KeyUnavailable, RefusedToStart
 from .keyring import Keyring, sort_key
 from .log import log_event
 from .providers import KeyProvider, keyring_style
 
-TABLE: Final = "key_checks"
+SCHEMA: Final = pg.SCHEMA
+TABLE: Final = pg.KEY_CHECKS
 QUALIFIED: Final = f"{SCHEMA}.{TABLE}"
-_TABLE = sql.Identifier(SCHEMA, TABLE)
 HMAC_ALGORITHM: Final = "hmac-sha256-128:v1"  # _primitives.key_check_value
 TRANSIT_ALGORITHM: Final = "transit-creation-time:v1"  # the version's creation time, as Transit reports it
 STOP_KEY_MISMATCH: Final = "key_mismatch"  # a shard whose host holds other material under a key id (exit 2)
 
-# The whole DDL (docs/reference.md, "The pinrotate.key_checks table").
-CREATE_SQL: Final = sql.SQL(
-    "CREATE SCHEMA IF NOT EXISTS {schema}; "
-    "CREATE TABLE IF NOT EXISTS {table} ("
-    " keyring text NOT NULL,"
-    " key_id text NOT NULL,"
-    " check_value text NOT NULL,"
-    " algorithm text NOT NULL,"
-    " recorded_at timestamptz NOT NULL DEFAULT now(),"
-    " recorded_by text NOT NULL,"
-    " PRIMARY KEY (keyring, key_id))"
-).format(schema=sql.Identifier(SCHEMA), table=_TABLE)
+# The whole DDL (docs/reference.md, "The pinrotate.key_checks table"): the room's, printed ahead
+# by grants.py.
+CREATE_SQL: Final = pg.CREATE_TABLES[TABLE]
 
 
 class KeyIdentityMismatch(RefusedToStart):
@@ -143,27 +133,19 @@ def confirm_key_identity(engine: sa.Engine | None, settings: Settings, keyring: 
     with connection as conn:
         role = conn.info.user or "?"
         try:
-            if not record and not _table_exists(conn):
+            if not record and not pg.table_exists(conn, TABLE):
                 return KeyIdentity(not_recorded=[c.key_id for c in checks])
             if record:
                 _ensure_table(conn, role)
-            with conn.transaction():
+            with pg.transaction(conn, durable=record):
                 mine: set[str] = set()
                 if record:
-                    conn.execute("SET LOCAL synchronous_commit = on")
-                    # DO NOTHING, then compare: of two first runs at once, the second waits for the
-                    # first one's row, then compares with it.
-                    mine = {str(r[0]) for r in conn.execute(sql.SQL(
-                        "INSERT INTO {} (keyring, key_id, check_value, algorithm, recorded_by) "
-                        "SELECT %s, k, v, a, %s FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(k, v, a) "
-                        "ON CONFLICT DO NOTHING RETURNING key_id").format(_TABLE),
-                        (checks[0].keyring, by, [c.key_id for c in checks], [c.check_value for c in checks],
-                         [c.algorithm for c in checks])).fetchall()}
-                rows = conn.execute(sql.SQL(
-                    "SELECT key_id, check_value, algorithm, recorded_at, recorded_by FROM {} "
-                    "WHERE keyring = %s AND key_id = ANY(%s)").format(_TABLE),
-                    (checks[0].keyring, [c.key_id for c in checks])).fetchall()
-                identity = compare_recorded(checks, {str(r[0]): r[1:] for r in rows}, by)
+                    # Insert where nothing is recorded, then compare: of two first runs at once, the
+                    # second waits for the first one's row, then compares with it.
+                    mine = pg.insert_key_checks(conn, checks[0].keyring, by,
+                                                [(c.key_id, c.check_value, c.algorithm) for c in checks])
+                recorded = pg.read_key_checks(conn, checks[0].keyring, [c.key_id for c in checks])
+                identity = compare_recorded(checks, recorded, by)
                 identity.recorded_now = [c.key_id for c in checks if c.key_id in mine]
         except KeyIdentityMismatch:
             raise
@@ -214,15 +196,11 @@ def compare_recorded(checks: Sequence[KeyCheck], recorded: Mapping[str, Sequence
     return identity
 
 
-def _table_exists(conn: psycopg.Connection[Any]) -> bool:
-    return table_exists(conn, TABLE)
-
-
 def _ensure_table(conn: psycopg.Connection[Any], role: str) -> None:
     """Create the table unless it exists (serialised across hosts by an advisory lock); refused with
     the privilege to grant when the role may not."""
     try:
-        create_once(conn, TABLE, CREATE_SQL, QUALIFIED)
+        pg.create_once(conn, TABLE, QUALIFIED)
     except pg_errors.InsufficientPrivilege:
         raise RefusedToStart(
             f"role {role} may not create {QUALIFIED}, where pinrotate records a check value per key id: GRANT "

@@ -13,7 +13,7 @@ import psycopg
 import sqlalchemy as sa
 
 from ..db import describe_db_error, raw_connection, read_only_when
-from ..durability import force_flush
+from ..engines.postgresql.durability import force_flush
 from ..errors import DatabaseError
 from ..log import log_event
 from ..schemes.base import Scheme

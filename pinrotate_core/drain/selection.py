@@ -1,6 +1,7 @@
 """The rows one drain may touch, as SQL: stale by its scheme, admitted by THE scope rule
 (``scope.py``), within an id range. Composed once per drain; every guard, count and plan
-uses these pieces, never a copy of them. Statements only: nothing is executed here."""
+uses these pieces, never a copy of them. The keyset statements are the PostgreSQL room's
+(``engines/postgresql/selection.py``); nothing is executed here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from psycopg import sql
 
+from ..engines.postgresql import selection as pg_selection
 from ..schemes.base import Scheme
 from ..scope import scope_condition
 
@@ -23,24 +25,16 @@ class Selection:
         # THE scope rule, composed once: bare for reads and counts, aliased "t" for update guards.
         self.scope = scope_condition(settings, tenant)
         self.scope_t = scope_condition(settings, tenant, "t")
-        self.where = sql.SQL("{} AND {}").format(scheme.stale_condition(), self.scope)
-        self.where_t = sql.SQL("{} AND {}").format(scheme.stale_condition("t"), self.scope_t)
+        self.where = pg_selection.all_of([scheme.stale_condition(), self.scope])
+        self.where_t = pg_selection.all_of([scheme.stale_condition("t"), self.scope_t])
 
     def range(self, lo: Any, hi: Any) -> tuple[list[sql.Composable], list[Any]]:
         """Conditions (and their parameters) for ids in ``(lo, hi]``; None: an open end."""
-        conds: list[sql.Composable] = []
-        params: list[Any] = []
-        if lo is not None:
-            conds.append(sql.SQL("{} > %s").format(self.id))
-            params.append(lo)
-        if hi is not None:
-            conds.append(sql.SQL("{} <= %s").format(self.id))
-            params.append(hi)
-        return conds, params
+        return pg_selection.id_range(self.id, lo, hi)
 
     def stale_in(self, conds: list[sql.Composable]) -> sql.Composable:
         """Stale, in scope, and ``conds`` (an id range)."""
-        return sql.SQL(" AND ").join([self.where, *conds])
+        return pg_selection.all_of([self.where, *conds])
 
     def next_batch(self, lo: Any, hi: Any, size: int, extra: Sequence[sql.Composable] = (),
                    then_by: Sequence[sql.Composable] = ()) -> tuple[sql.Composed, list[Any]]:
@@ -50,17 +44,12 @@ class Selection:
         after the id, whose rows of that id are read from after it."""
         if isinstance(lo, Position):
             conds, params = self.range(None, hi)
-            keys = [self.id, *then_by]
-            conds.append(sql.SQL("({}) > ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(
-                [sql.SQL("%s"), *(sql.SQL("%b::{}").format(sql.Identifier(t)) for t in lo.types)])))
-            # The row comparison gives the index the id's lower bound only: say it plainly.
-            conds.append(sql.SQL("{} >= %s").format(self.id))
-            params = [*params, lo.id, *lo.rest, lo.id]
+            after, after_params = pg_selection.after_row(self.id, then_by, lo.id, lo.rest, lo.types)
+            conds, params = [*conds, *after], [*params, *after_params]
         else:
             conds, params = self.range(lo, hi)
-        query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where} ORDER BY {order} LIMIT %s").format(
-            id=self.id, cols=sql.SQL(", ").join([*self.scheme.read_list(), *extra]), rel=self.target.relation,
-            where=self.stale_in(conds), order=sql.SQL(", ").join([self.id, *then_by]))
+        query = pg_selection.next_batch(self.target.relation, self.id, [*self.scheme.read_list(), *extra],
+                                        self.stale_in(conds), then_by)
         return query, [*params, size]
 
 

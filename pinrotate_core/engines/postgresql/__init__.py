@@ -4,5 +4,5 @@
 ``sweep``, answered as ``base.checks.GateChecks`` by ``gate``), the throttle's signals and the
 advisory lock (``signals``), the drain's write guards' statements (``row_versions``,
 ``guard_cas``, ``stored``), its shard estimates and backlog counts (``estimates``, ``counts``) and
-transaction settings (``session``), and the room as a whole (``room``). Never imports the drain,
-gate or flows."""
+transaction settings (``session``), pinrotate's own bookkeeping tables (``bookkeeping``), and
+the room as a whole (``room``). Never imports the drain, gate or flows."""
