@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from flows import cli_mysql, traces
+from flows import traces
 from flows.prefect_api import PrefectApiUnreachable
 from flows.reports import (
     database_named,
@@ -31,14 +31,11 @@ from flows.reports import (
 )
 from flows.terminal_run import Terminated, flow_outcome, stop_code, stopped_by
 from pinrotate_core import rotation
+from pinrotate_core.commands import commands_for
 from pinrotate_core.config import Settings, load_settings
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, PinrotateError
-from pinrotate_core.gate import check_ticket, retire_gate, write_gate_record
-from pinrotate_core.gate.discover import discover
-from pinrotate_core.grants import grant_statements
+from pinrotate_core.gate import check_ticket, write_gate_record
 from pinrotate_core.log import configure_stderr_logging
-from pinrotate_core.mysql_commands import on_mysql
-from pinrotate_core.mysql_gate import mysql_retire_gate
 
 COMMANDS = ("run", "inventory", "gate", "grants", "demo", "seed", "keys")
 
@@ -291,11 +288,10 @@ def run_through_flow(ns: argparse.Namespace, server: Any = None, **params: Any) 
 
 def cmd_inventory(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
-    inv = (cli_mysql.inventory(ns, settings) if on_mysql(settings)
-           else rotation.inventory(settings, deep=ns.deep, tenant=ns.tenant))
-    d = inv.as_dict()
+    commands = commands_for(settings)  # the database engine's inventory and sweep
+    d = commands.inventory(settings, deep=ns.deep, tenant=ns.tenant).as_dict()
     if ns.discover:
-        sweep = (cli_mysql.discover(settings) if on_mysql(settings) else discover(settings)).as_dict()
+        sweep = commands.discover(settings).as_dict()
         d["discovered"] = sweep.pop("discovered")
         d["discovery"] = sweep
     emit(ns, d, inventory_report(d, deep=ns.deep))
@@ -306,9 +302,8 @@ def cmd_gate(ns: argparse.Namespace) -> int:
     ticket = check_ticket(ns.ticket) if ns.ticket is not None else None
     settings = _settings(ns)
     with deep_pass_display(ns):
-        gate = mysql_retire_gate if on_mysql(settings) else retire_gate
-        report = gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
-                      erase_excluded=ns.erase_excluded)
+        report = commands_for(settings).retire_gate(settings, ns.retire, tenant=ns.tenant, deep=not ns.shallow,
+                                                    erase_excluded=ns.erase_excluded)
     d = report.as_dict()
     # What the verdict was decided for: two configurations sharing one key file must not be confused.
     d["database"] = database_named(report.database)
@@ -345,8 +340,7 @@ def deep_pass_display(ns: argparse.Namespace) -> Iterator[None]:
 
 def cmd_grants(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
-    statements = (cli_mysql.grants(ns, settings) if on_mysql(settings)
-                  else grant_statements(settings, ns.role, read_only=ns.read_only))
+    statements = commands_for(settings).grant_statements(settings, ns.role, read_only=ns.read_only)
     emit(ns, {"role": ns.role, "read_only": ns.read_only, "statements": statements}, "\n".join(statements))
     return rotation.EXIT_OK
 

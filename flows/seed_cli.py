@@ -7,25 +7,22 @@ import argparse
 
 from flows.reports import emit
 from pinrotate_core import rotation
+from pinrotate_core.commands import commands_for
 from pinrotate_core.config import Settings
 from pinrotate_core.errors import ConfigError
-from pinrotate_core.mysql_commands import on_mysql, reach
 
 
 def cmd_seed(ns: argparse.Namespace, settings: Settings) -> int:
-    from pinrotate_core.mysql_seed import seed_pin_profile_mysql
     from pinrotate_core.providers import build_provider
-    from pinrotate_core.samples import seed_database
 
     if ns.preset == "forge":
         return _seed_forge(ns, settings)
-    if on_mysql(settings):
-        reach(settings)  # an unreachable server is exit 4 before a keyring file is created
+    commands = commands_for(settings)  # the database engine's seed
+    commands.reach(settings)  # on MySQL, an unreachable server is exit 4 before a keyring file is created
     # Seeding writes under the current key, so a file keyring that does not exist yet is created
     # here, as on a run's first start (never by a read: inventory, gate, keys list).
     keyring = build_provider(settings, create_keyring=True).load_keyring()
-    seed = seed_pin_profile_mysql if on_mysql(settings) else seed_database  # MySQL: examples/pin-profile-mysql.sql
-    summary = seed(settings, keyring, rows=ns.rows, key_id=ns.key)
+    summary = commands.seed_pin_profile(settings, keyring, rows=ns.rows, key_id=ns.key)
     doc = {"sample": "pin-profile", "key": summary.key_id, "rows": summary.total_rows, "tables": summary.counts,
            "drafts": summary.drafts}
     human = (f"seeded {summary.total_rows} rows of the Pin profile sample under key {summary.key_id} "
@@ -36,13 +33,9 @@ def cmd_seed(ns: argparse.Namespace, settings: Settings) -> int:
 
 
 def _seed_forge(ns: argparse.Namespace, settings: Settings) -> int:
-    from pinrotate_core.mysql_seed import seed_forge_mysql
-    from pinrotate_core.samples import seed_forge_sample
-
     if settings.keys.provider != "forge":
         raise ConfigError("seed --preset forge: needs [keys] provider = \"forge\" (see examples/forge.toml)")
-    seed = seed_forge_mysql if on_mysql(settings) else seed_forge_sample  # MySQL: examples/forge-mysql.sql
-    summary = seed(settings, settings.keys.file_path, rows=ns.rows)
+    summary = commands_for(settings).seed_forge(settings, settings.keys.file_path, rows=ns.rows)
     doc = {"sample": "forge", "bootstrap_file": summary.bootstrap_file, "rows": summary.total_rows,
            "tables": summary.counts, "active_key": "k2"}
     human = (f"seeded {summary.total_rows} rows of Forge's tables ({', '.join(f'{t}: {n}' for t, n in summary.counts.items())})"

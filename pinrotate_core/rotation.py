@@ -7,6 +7,7 @@ composes them for a plain Python caller (no orchestrator needed). Nothing here p
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
@@ -14,28 +15,19 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import psycopg
 import pymysql
 import sqlalchemy as sa
-from psycopg import sql
 
-from . import mysql_gate, mysql_run, mysql_selection
+from .commands import EngineCommands, commands_for
 from .config import Settings, TargetSettings
-from .conflicts import StateError, ensure_conflicts_table, record_conflicts
-from .db import database_url, describe_db_error, make_engine, raw_connection
-from .drain import BatchEvent, DrainOptions, DrainResult, Shard, drain_target, split_backlog
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.room import ROOM as MYSQL_ROOM
-from .engines.postgresql.room import ROOM as PG_ROOM
-from .errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
+from .conflicts import StateError
+from .db import database_url, make_engine
+from .drain import BatchEvent, DrainOptions, DrainResult, Shard
+from .errors import DatabaseError, RefusedToStart
 from .forge_discovery import with_forge_targets
-from .gate import run_gate
-from .inventory import Inventory, capacity_blocker, take_inventory
-from .key_checks import confirm_key_identity
+from .inventory import Inventory
 from .keyring import Keyring
 from .log import log_event
-from .mysql_bookkeeping import confirm_key_identity_mysql, ensure_conflicts_table_mysql, record_conflicts_mysql
-from .mysql_commands import on_mysql
 from .providers import KeyProvider, build_provider
 
 # The report and exit codes live in run_report; callers name them rotation.* (explicit re-exports, as mypy
@@ -72,11 +64,9 @@ from .run_report import (
     target_report as target_report,
 )
 from .schemes.base import DECRYPT_FAILED, NOT_STORED, LegacyMigration, Scheme
-from .schemes.registry import build_scheme, check_keyring, reads_row_versions, scheme_class, write_guard
+from .schemes.registry import check_keyring, scheme_class, write_guard
 from .scope import check_tenant_scope
-from .targets import resolve_target
 from .throttle import Throttle, ThrottleControlSource
-from .throttle.mysql import MySqlThrottle
 
 LOCK_NAME = "Pin:lock:job:scheduled:profile-reencrypt"
 VERIFY_SAMPLE = 64
@@ -115,16 +105,16 @@ class RunContext:
                 or any(v is not None for v in (job.max_replica_lag, job.critical_replica_lag,
                                                job.max_active_sessions, job.critical_active_sessions)))
 
-    @property
-    def on_mysql(self) -> bool:
-        """A MySQL / MariaDB database: each step asks ``mysql_run`` / ``mysql_gate`` (issue 32)."""
-        return on_mysql(self.settings)
+    @functools.cached_property
+    def commands(self) -> EngineCommands:
+        """The database engine's path through each step that differs by engine, chosen once from the
+        URL (``commands/``: PostgreSQL, or MySQL / MariaDB through the ``mysql_*`` modules)."""
+        return commands_for(self.settings)
 
     def run_throttle(self) -> Throttle:
         if self.throttle is None:
-            kind = MySqlThrottle if self.on_mysql else Throttle
-            self.throttle = kind.from_settings(self.engine, self.settings, control=self.throttle_control,
-                                               run_id=self.run_id)
+            self.throttle = self.commands.make_throttle(self.engine, self.settings, control=self.throttle_control,
+                                                        run_id=self.run_id)
         return self.throttle
 
     def close(self) -> None:
@@ -166,13 +156,8 @@ def read_current_key(ctx: RunContext, *, announce: bool = True, record: bool | N
     recording = not ctx.dry_run if record is None else record
     run_id = None if record is False else ctx.run_id
     quiet = record is False  # the check before the run: the run itself says what it found
-    if ctx.on_mysql:  # in the server's pinrotate database (mysql_bookkeeping)
-        with mysql_connect.raw_connection(ctx.engine) as my:
-            confirm_key_identity_mysql(my, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
-                                       quiet=quiet)
-    else:
-        confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
-                             quiet=quiet)
+    ctx.commands.confirm_key_identity(ctx.engine, ctx.settings, keyring, ctx.provider, record=recording, run_id=run_id,
+                                      quiet=quiet)
     ctx.keyring = keyring
     if announce:
         log_event("job_started", run_id=ctx.run_id, current_key=keyring.current, provider=ctx.provider.description,
@@ -206,36 +191,8 @@ def resolve_all(ctx: RunContext) -> dict[str, Scheme]:
     """Resolve every target and bind its scheme before anything is written: one blocked target
     stops the start (exit 2)."""
     assert ctx.keyring is not None, "read_current_key first"
-    if ctx.on_mysql:
-        with mysql_connect.raw_connection(ctx.engine) as my:
-            ctx.schemes.update(mysql_run.resolve_targets(my, ctx.settings, ctx.targets, ctx.keyring, ctx.provider,
-                                                         tenant=ctx.tenant))
-            if not ctx.dry_run and any(s.guard == "cas" for s in ctx.schemes.values()):
-                try:  # where this run records its CONFLICTs for the gate, made before the first write
-                    ensure_conflicts_table_mysql(my)
-                except StateError as e:
-                    raise RefusedToStart(f"{e}; nothing was touched") from None
-        return ctx.schemes
-    try:
-        with raw_connection(ctx.engine) as conn:
-            for t in ctx.targets:
-                resolved = resolve_target(conn, t, reads_versions=reads_row_versions(t.format))
-                scheme = build_scheme(resolved, ctx.keyring, ctx.settings.keys, ctx.provider)
-                # Room for the new ciphertexts: a column too narrow is BLOCKED, never widened.
-                reason = capacity_blocker(conn, scheme, ctx.tenant)
-                if reason is not None:
-                    raise TargetBlocked(t.name, reason)
-                ctx.schemes[t.name] = scheme
-            if not ctx.dry_run and any(s.guard == "cas" for s in ctx.schemes.values()):
-                # Where this run records its CONFLICTs for the gate, made before the first write:
-                # a role that may not create it is refused here, with nothing written.
-                ensure_conflicts_table(conn)
-    except StateError as e:
-        raise RefusedToStart(f"{e}; nothing was touched") from None
-    except TargetBlocked as e:
-        raise ConfigError(f"{e}; nothing was touched") from None
-    except psycopg.Error as e:
-        raise DatabaseError(f"cannot resolve the targets ({describe_db_error(e)})") from None
+    ctx.commands.resolve_targets(ctx.engine, ctx.settings, ctx.targets, ctx.keyring, ctx.provider, tenant=ctx.tenant,
+                                 dry_run=ctx.dry_run, into=ctx.schemes)
     return ctx.schemes
 
 
@@ -246,9 +203,7 @@ def drain(ctx: RunContext, name: str, *, workers: int | None = None,
     """Drain one target, or one shard of it (``id_range``: ids in ``(lo, hi]``, None an open end;
     ``planned_backlog``: its backlog as ``plan_shards`` counted it, so the drain need not count again)."""
     options = replace(_drain_options(ctx, workers, on_batch, id_range), planned_backlog=planned_backlog, shard=shard)
-    if ctx.on_mysql:
-        return mysql_run.drain(ctx.engine, ctx.schemes[name], options)
-    return drain_target(ctx.engine, ctx.schemes[name], options)
+    return ctx.commands.drain(ctx.engine, ctx.schemes[name], options)
 
 
 def _drain_options(ctx: RunContext, workers: int | None = None, on_batch: Callable[[BatchEvent], None] | None = None,
@@ -268,9 +223,7 @@ def plan_shards(ctx: RunContext, name: str, shards: int) -> list[Shard]:
     (one range for a target with nothing to do): the shards a distributed run drains side by side.
     A big table's backlogs are estimates (``Shard.exact`` false); a drain started from one counts
     what it leaves when it ends, as every drain does."""
-    if ctx.on_mysql:
-        return mysql_selection.plan_shards(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
-    return split_backlog(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
+    return ctx.commands.plan_shards(ctx.engine, ctx.schemes[name], _drain_options(ctx), shards)
 
 
 def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], sharded: Sequence[str]) -> None:
@@ -283,14 +236,11 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
         return
     try:
         # On MySQL in the server's pinrotate database (mysql_bookkeeping); the same rules either way.
-        opened: contextlib.AbstractContextManager[Any] = (
-            mysql_connect.raw_connection(ctx.engine) if ctx.on_mysql else raw_connection(ctx.engine))
-        record: Callable[..., None] = record_conflicts_mysql if ctx.on_mysql else record_conflicts
-        with opened as conn:
+        with ctx.commands.conflicts_recorder(ctx.engine) as record:
             for name in names:
                 r = results[name]
                 try:
-                    record(conn, name, r.conflicts_by_tenant, tenant_scope=ctx.tenant, complete=r.stopped is None,
+                    record(name, r.conflicts_by_tenant, tenant_scope=ctx.tenant, complete=r.stopped is None,
                            run_id=ctx.run_id)
                 except StateError as e:
                     r.state_error = str(e)
@@ -307,32 +257,16 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
 def verify(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
     """After the drains: what is left on older keys, and do re-encrypted rows read back?"""
     out: dict[str, Any] = {}
-    with contextlib.nullcontext(None) if ctx.on_mysql else raw_connection(ctx.engine) as conn:
+    with ctx.commands.verifier(ctx.engine) as verify_sample:
         for name, result in results.items():
             entry: dict[str, Any] = {"backlog": result.backlog_remaining}
             if not ctx.dry_run and result.sample_ids:
-                sampled, ok = (mysql_run.verify_sample(ctx.engine, ctx.schemes[name], result.sample_ids)
-                               if conn is None else _verify_sample(conn, ctx.schemes[name], result.sample_ids))
+                sampled, ok = verify_sample(ctx.schemes[name], result.sample_ids)
                 entry.update(sampled=sampled, decrypted=ok, ok=(ok == sampled))
             else:
                 entry.update(sampled=0, decrypted=0, ok=True)
             out[name] = entry
     return out
-
-
-def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[Any]) -> tuple[int, int]:
-    """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
-    target = scheme.target
-    query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
-        cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation, id=sql.Identifier(target.settings.id))
-    sampled = ok = 0
-    for row in conn.cursor(binary=True).execute(query, [list(ids)]).fetchall():
-        sampled += 1
-        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
-            log_event("verify_failed", level=40, target=target.name, id=str(row[0]))
-        else:
-            ok += 1
-    return sampled, ok
 
 
 def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, Any]:
@@ -341,11 +275,8 @@ def gate_report(ctx: RunContext, results: dict[str, DrainResult]) -> dict[str, A
     # A row that does not decrypt, or that did not store the value written (left on its old key).
     failed = {name: sum(1 for f in r.failed if f.reason in (DECRYPT_FAILED, NOT_STORED)) for name, r in results.items()}
     conflicts = {name: r.conflicts for name, r in results.items()}
-    if ctx.on_mysql:
-        return mysql_gate.run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets,
-                                   tenant=ctx.tenant, failed=failed, conflicts=conflicts, run_id=ctx.run_id)
-    return run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets, tenant=ctx.tenant,
-                    failed=failed, conflicts=conflicts, run_id=ctx.run_id)
+    return ctx.commands.run_gate(ctx.engine, ctx.settings, ctx.keyring, ctx.provider, targets=ctx.targets,
+                                 tenant=ctx.tenant, failed=failed, conflicts=conflicts, run_id=ctx.run_id)
 
 
 @contextlib.contextmanager
@@ -356,11 +287,7 @@ def single_instance(ctx: RunContext) -> Iterator[bool]:
         return
     # The room's advisory lock, held by this connection's session: GET_LOCK (server-wide) on MySQL,
     # pg_try_advisory_lock (per database) on PostgreSQL.
-    if ctx.on_mysql:
-        with MYSQL_ROOM.raw_connection(ctx.engine) as my, MYSQL_ROOM.lock.held(my, LOCK_NAME) as held:
-            yield held
-        return
-    with PG_ROOM.raw_connection(ctx.engine) as conn, PG_ROOM.lock.held(conn, LOCK_NAME) as held:
+    with ctx.commands.advisory_lock(ctx.engine, LOCK_NAME) as held:
         yield held
 
 
@@ -397,15 +324,8 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
 
 
 def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
-    engine = make_engine(database_url(settings), pool_size=2)
-    try:
-        settings = with_forge_targets(settings, engine)
-        check_tenant_scope(settings.targets, tenant)
-        provider = build_provider(settings)
-        keyring = provider.load_keyring()
-        return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
-    finally:
-        engine.dispose()
+    """``inventory``: read-only counts per target and key, by the database engine's path."""
+    return commands_for(settings).inventory(settings, deep=deep, tenant=tenant)
 
 
 def conclude(ctx: RunContext, report: RunReport) -> None:
