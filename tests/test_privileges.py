@@ -57,7 +57,7 @@ def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_colum
 
     config = config_as(profile, tmp_path, app)
     # The session's Prefect server: the subject is the role's privileges, not Prefect's temporary
-    # server (a run without PREFECT_API_URL is test_readme_own_database's and test_flow_orchestrator's).
+    # server (a run without PREFECT_API_URL is test_readme_walkthrough's and test_flow_orchestrator's).
     code, doc, err = cli("run", "--config", config, "--json", env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err
     assert doc["targets"]["Person"]["reencrypted"] == 30 and key_versions(profile) == {2: 30}

@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 
 from tests.pinprofile import REPO
+from tests.readme_blocks import own_database_block
 from tests.test_deployment import free_loopback_port, loopback_only
-from tests.test_readme_own_database import own_database_block
 
 # slow: both tests take minutes (a whole walkthrough; a server left idle for a minute).
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
@@ -151,8 +152,19 @@ def test_the_readme_own_database_then_deployment_walkthroughs_run_as_written_in_
 
     # The own-database block ran first, on its own keyring: its gate opened, and the deployment's
     # sample and keyring were the preset's, not the own-database block's (key 2 promoted from 1).
+    # (What tests/test_readme_own_database.py checked of the block run alone, now checked here,
+    # where the same block runs as the reader's first: it ran the block a second time.)
     assert "gate for key 1: OPEN" in output and "key 2 is now current (was 1)" in output, output[-6000:]
     assert output.count("key 2 is now current (was 1)") == 2, output[-6000:]
+    own = "seeded 2000 rows of the Pin profile sample under key 1"  # the deployment's sample is 10,000
+    assert own in output, output[-6000:]
+    own_part = output[output.index(own):output.index("seeded ", output.index(own) + len(own))]
+    assert "gate for key 1: OPEN" in own_part, own_part[-6000:]  # the own database's gate, before the deployment
+    assert "Traceback" not in output, output[-6000:]
+    with psycopg.connect(primary_database_url) as conn:  # the own-database block's database, moved whole
+        versions = dict(conn.execute("SELECT key_version, count(*) FROM profile.persons GROUP BY 1").fetchall())
+    assert versions == {2: 1000}, versions
+    assert (fresh_home / "checkout" / "mine.toml").exists()
     assert (fresh_home / "checkout" / "mine-keys.toml").exists() and (pinrotate_home / "keys.toml").exists()
     assert not (fresh_home / ".pinrotate" / "keys.toml").exists()
 
