@@ -101,7 +101,7 @@ def pinrotate_home() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parallel runs (pytest-xdist; ``-n 4 --dist loadgroup`` in pyproject's addopts). The rules every
+# Parallel runs (pytest-xdist; ``-n 6 --dist loadgroup`` in pyproject's addopts). The rules every
 # fixture and test keeps; a new server fixture (MariaDB, PgBouncer, ...) must keep them too.
 #
 # A few tests: ``.venv/bin/python -m pytest -n 0 tests/test_x.py -k ...`` (one process, no workers).
