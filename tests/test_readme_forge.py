@@ -17,15 +17,13 @@ import tempfile
 from pathlib import Path
 
 from tests.pinprofile import REPO
+from tests.readme_blocks import readme_block
 
 MARKER = "<!-- walkthrough: forge -->"
 
 
 def forge_block() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    match = re.search(re.escape(MARKER) + r"\s*```sh\n(.*?)\n```", text, re.DOTALL)
-    assert match, f"README.md has no ```sh block after {MARKER}"
-    return match.group(1)
+    return readme_block(MARKER)
 
 
 def test_the_readme_forge_path_runs_as_written_and_ends_with_an_open_legacy_gate() -> None:

@@ -25,16 +25,14 @@ import pytest
 from tests.conftest import shared_server_lock
 from tests.mariadb_server import MariaDbServer
 from tests.pinprofile import REPO
+from tests.readme_blocks import readme_block
 
 MARKER = "<!-- walkthrough: forge-mysql -->"
 DATABASE = "forge_demo"
 
 
 def forge_mysql_block() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    match = re.search(re.escape(MARKER) + r"\s*```sh\n(.*?)\n```", text, re.DOTALL)
-    assert match, f"README.md has no ```sh block after {MARKER}"
-    return match.group(1)
+    return readme_block(MARKER)
 
 
 def _drop(server: MariaDbServer) -> None:

@@ -31,7 +31,7 @@ import psycopg
 import pytest
 
 from tests.pinprofile import REPO
-from tests.readme_blocks import own_database_block
+from tests.readme_blocks import own_database_block, readme_block
 from tests.test_deployment import free_loopback_port, loopback_only
 
 # slow: both tests take minutes (a whole walkthrough; a server left idle for a minute).
@@ -44,10 +44,7 @@ WALKTHROUGH_BOUND_S = 600
 
 
 def walkthrough_block() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    match = re.search(re.escape(MARKER) + r"\s*```sh\n(.*?)\n```", text, re.DOTALL)
-    assert match, f"README.md has no ```sh block after {MARKER}"
-    return match.group(1)
+    return readme_block(MARKER)
 
 
 def test_the_readme_names_only_files_the_checkout_has() -> None:
