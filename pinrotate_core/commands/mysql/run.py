@@ -40,32 +40,32 @@ from typing import Any
 import pymysql
 import sqlalchemy as sa
 
-from . import tracing
-from .config import Settings, TargetSettings
-from .conflicts import StateError
-from .drain.fpc1_precheck import HoldsFailingKeys
-from .drain.options import DrainOptions, stop_reason
-from .drain.results import (
+from ... import tracing
+from ...config import Settings, TargetSettings
+from ...conflicts import StateError
+from ...drain.fpc1_precheck import HoldsFailingKeys
+from ...drain.options import DrainOptions, stop_reason
+from ...drain.results import (
     STOP_DB_ERROR,
     STOP_KEY_UNAVAILABLE,
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
     DrainResult,
 )
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
-from .engines.mysql.operations import OPERATIONS as ops
-from .engines.mysql.signals import drain_session
-from .errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
-from .keyring import Keyring
-from .log import log_event
-from .mysql_bookkeeping import record_conflicts_mysql, tenant_key
-from .mysql_inventory import capacity_blocker, read_list
-from .mysql_selection import ALIAS, batches, count_backlog, read_batch, stale_where
-from .mysql_targets import read_table, resolve_mysql_target
-from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
-from .schemes.registry import build_scheme
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
+from ...engines.mysql.operations import OPERATIONS as ops
+from ...engines.mysql.signals import drain_session
+from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
+from ...keyring import Keyring
+from ...log import log_event
+from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
+from ...schemes.registry import build_scheme
+from .bookkeeping import record_conflicts_mysql, tenant_key
+from .inventory import capacity_blocker, read_list
+from .selection import ALIAS, batches, count_backlog, read_batch, stale_where
+from .targets import read_table, resolve_mysql_target
 
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
 SAMPLE_IDS = 64  # rows a drain keeps for verify to read back
