@@ -1,17 +1,17 @@
-"""The commands on a MySQL / MariaDB URL (issue 32): each step through the ``mysql_*`` module that
-decides it over the ``mysql`` room.
+"""The commands on a MySQL / MariaDB URL (issue 32): each step through the module of this package
+that decides it over the ``mysql`` room.
 
 Every command is wired: the URL is accepted, the server is reached once at start
 (``db.make_engine``: an unreachable server is exit 4 with one line naming database, address and
-user; a server older than MariaDB 10.6 / MySQL 8.0 is exit 2); ``inventory`` (``mysql_inventory``;
-``--discover``: ``mysql_sweep.discover_mysql``), ``gate --retire`` (``mysql_gate``), ``run`` (the
-Prefect flow, whose steps ask ``mysql_run``: ``aesgcm``, ``fpc1`` and ``vault-transit``; its gate
-section ``mysql_gate.run_gate``; its throttle ``MySqlThrottle``), ``grants`` (``mysql_grants``),
-``seed`` of both samples (``mysql_seed``), with pinrotate's own records (key check values,
-CONFLICTs) in the server's ``pinrotate`` database (``mysql_bookkeeping``). ``keys`` never reads
-the database.
+user; a server older than MariaDB 10.6 / MySQL 8.0 is exit 2); ``inventory`` (``.inventory``;
+``--discover``: ``.sweep.discover_mysql``), ``gate --retire`` (``.gate``), ``run`` (the Prefect
+flow, whose steps ask ``.run``: ``aesgcm``, ``fpc1`` and ``vault-transit``; its gate section
+``.gate.run_gate``; its throttle ``MySqlThrottle``), ``grants`` (``.grants``), ``seed`` of both
+samples (``.seed``), with pinrotate's own records (key check values, CONFLICTs) in the server's
+``pinrotate`` database (``.bookkeeping``). ``keys`` never reads the database.
 
-The engine room (``engines/mysql``) holds the SQL; the ``mysql_*`` modules hold the decisions.
+The engine room (``engines/mysql``) holds the SQL; the modules of this package (``commands/mysql/``)
+hold the decisions.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class MySqlCommands:
 
     def confirm_key_identity(self, engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider,
                              *, record: bool, run_id: str | None, quiet: bool) -> None:
-        # In the server's pinrotate database (mysql_bookkeeping).
+        # In the server's pinrotate database (.bookkeeping).
         with ROOM.raw_connection(engine) as my:
             confirm_key_identity_mysql(my, settings, keyring, provider, record=record, run_id=run_id, quiet=quiet)
 
@@ -77,7 +77,7 @@ class MySqlCommands:
 
     @contextlib.contextmanager
     def conflicts_recorder(self, engine: sa.Engine) -> Iterator[RecordConflicts]:
-        # In the server's pinrotate database (mysql_bookkeeping); the same rules as on PostgreSQL.
+        # In the server's pinrotate database (.bookkeeping); the same rules as on PostgreSQL.
         with ROOM.raw_connection(engine) as my:
             def record(target: str, by_tenant: Mapping[str, int], *, tenant_scope: str | None, complete: bool,
                        run_id: str) -> None:

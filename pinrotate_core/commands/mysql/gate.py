@@ -1,8 +1,8 @@
 """``gate --retire KEY`` on MySQL / MariaDB (contract §6): one look at one moment of the server.
 
 The look: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``; inside it the deep inventory
-of every configured target with no tenant filter (``mysql_inventory``) and the sweep of every
-database the role can read (``mysql_sweep``); the verdict by ``verdict.evaluate_gate`` with the
+of every configured target with no tenant filter (``.inventory``) and the sweep of every
+database the role can read (``.sweep``); the verdict by ``verdict.evaluate_gate`` with the
 same categories as on PostgreSQL (CONFLICT from ``pinrotate.conflicts``). Before the look, the
 keyring is compared with the key check values runs recorded in ``pinrotate.key_checks`` (other
 material under a recorded key id: exit 2). The transactions in flight are read in the snapshot too (after

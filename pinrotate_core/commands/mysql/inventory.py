@@ -1,12 +1,12 @@
 """``inventory`` (and ``--deep``) on MySQL / MariaDB: the counts of ``inventory.py``, value by value.
 
-Every target is resolved over the room's catalog (``mysql_targets``), its rows streamed (PyMySQL's
+Every target is resolved over the room's catalog (``.targets``), its rows streamed (PyMySQL's
 unbuffered cursor) with the scope rule composed from the room's SQL pieces (``scope_text``), and
 each value classified (and with ``deep`` decrypted) by the same scheme as on PostgreSQL. The whole
 inventory reads one consistent snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``).
 Counts and locations only, never a value; nothing is written.
 
-CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``mysql_bookkeeping``);
+CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``.bookkeeping``);
 a table the role may not read blocks the target.
 
 Not counted in the database as on PostgreSQL (where a scheme can name a row's key in SQL): every

@@ -4,8 +4,8 @@ values rewrapped by Transit in the plan, outside the batch's transaction; a valu
 changed meanwhile is left for the next run, as on PostgreSQL).
 
 The run is the Prefect flow's, as on PostgreSQL: ``rotation`` asks here for each step of it on a
-MySQL / MariaDB URL (``resolve_targets``, ``mysql_selection.plan_shards``, ``drain``, ``verify_sample``; the gate is
-``mysql_gate.run_gate``), and these return the same types as the PostgreSQL steps.
+MySQL / MariaDB URL (``resolve_targets``, ``.selection.plan_shards``, ``drain``, ``verify_sample``; the gate is
+``.gate.run_gate``), and these return the same types as the PostgreSQL steps.
 
 Per target or shard (ids in ``(lo, hi]``), in id order (keyset batches of the throttle's batch size
 or ``job.batch_size`` in-scope rows, read without locks), the scheme plans each batch (every new
@@ -20,9 +20,9 @@ Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, re
 operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
 of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
-Which rows are read, and the shards' plan: ``mysql_selection``.
+Which rows are read, and the shards' plan: ``.selection``.
 
-Bookkeeping (``mysql_bookkeeping``, in the server's ``pinrotate`` database): before anything is
+Bookkeeping (``.bookkeeping``, in the server's ``pinrotate`` database): before anything is
 written, ``rotation.read_current_key`` compares each key's check value with the one recorded in
 ``pinrotate.key_checks`` (recorded where none is; a dry run only compares; other material under a
 recorded key id is refused, exit 2) and ``rotation.resolve_all`` creates ``pinrotate.conflicts``

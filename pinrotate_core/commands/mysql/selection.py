@@ -1,4 +1,4 @@
-"""Which rows a MySQL / MariaDB run reads, and how its backlog splits into shards (``mysql_run``'s
+"""Which rows a MySQL / MariaDB run reads, and how its backlog splits into shards (``.run``'s
 selection, as ``drain.selection`` and ``drain.shards`` are on PostgreSQL).
 
 The rows a run may write are in scope and, where the row names its key, on an older one
