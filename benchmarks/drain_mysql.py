@@ -8,7 +8,7 @@ CURRENT_TIMESTAMP``; a ``file`` keyring with key 2 current. Shapes, each over ev
 - ``update``: ``UPDATE persons SET key_version = 2, c1 = REVERSE(c1), c2 = REVERSE(c2)`` (no client,
   no crypto: the floor of writing the same bytes);
 - ``pinrotate``: the run's drain steps (``rotation.resolve_all`` and ``rotation.drain`` per target,
-  which ask ``pinrotate_core.mysql_run``), as the flow's drain task runs them (keyset batches of
+  which ask ``pinrotate_core.commands.mysql.run``), as the flow's drain task runs them (keyset batches of
   ``--batch-size``, decrypt + encrypt + verify each value, the CAS write of ``engines/mysql/guard.py``,
   read back).
 

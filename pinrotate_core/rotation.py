@@ -108,7 +108,7 @@ class RunContext:
     @functools.cached_property
     def commands(self) -> EngineCommands:
         """The database engine's path through each step that differs by engine, chosen once from the
-        URL (``commands/``: PostgreSQL, or MySQL / MariaDB through the ``mysql_*`` modules)."""
+        URL (``commands/``: PostgreSQL, or MySQL / MariaDB through ``commands/mysql/``)."""
         return commands_for(self.settings)
 
     def run_throttle(self) -> Throttle:
@@ -235,7 +235,7 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
     if ctx.dry_run or not names:
         return
     try:
-        # On MySQL in the server's pinrotate database (mysql_bookkeeping); the same rules either way.
+        # On MySQL in the server's pinrotate database (commands/mysql/bookkeeping.py); the same rules either way.
         with ctx.commands.conflicts_recorder(ctx.engine) as record:
             for name in names:
                 r = results[name]

@@ -15,15 +15,15 @@ from typing import Any
 import pymysql
 import pytest
 
-from pinrotate_core.config import load_settings
-from pinrotate_core.engines.mysql.connect import MySqlConnection
-from pinrotate_core.errors import RefusedToStart
-from pinrotate_core.key_checks import KeyIdentityMismatch
-from pinrotate_core.mysql_bookkeeping import (
+from pinrotate_core.commands.mysql.bookkeeping import (
     confirm_key_identity_mysql,
     last_conflicts_mysql,
     record_conflicts_mysql,
 )
+from pinrotate_core.config import load_settings
+from pinrotate_core.engines.mysql.connect import MySqlConnection
+from pinrotate_core.errors import RefusedToStart
+from pinrotate_core.key_checks import KeyIdentityMismatch
 from pinrotate_core.providers import build_provider
 from pinrotate_core.rotation import run_rotation
 from pinrotate_core.schemes.fpc1 import Fpc1Scheme

@@ -19,9 +19,9 @@ import pytest
 import sqlalchemy as sa
 
 from pinrotate_core import rotation
+from pinrotate_core.commands.mysql.gate import mysql_retire_gate
+from pinrotate_core.commands.mysql.inventory import take_mysql_inventory
 from pinrotate_core.engines.mysql.connect import make_engine
-from pinrotate_core.mysql_gate import mysql_retire_gate
-from pinrotate_core.mysql_inventory import take_mysql_inventory
 from pinrotate_core.providers import build_provider
 from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 

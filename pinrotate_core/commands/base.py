@@ -1,7 +1,7 @@
 """What a command asks of the database engine, one method per step that differs by engine
 (``EngineCommands``): the run's steps that ``rotation`` dispatches, and ``inventory``, ``discover``,
 ``gate --retire``, ``grants``, ``seed`` and its reach. A protocol only: ``postgresql.py`` and
-``mysql.py`` implement it, ``commands_for`` picks one per database URL.
+``mysql/`` implement it, ``commands_for`` picks one per database URL.
 
 Each method is the engine's own path, whole: the rules shared by both engines (what a step
 refuses, records and reports) stay with the caller, in ``rotation`` and ``flows.cli``."""

@@ -6,7 +6,7 @@ One ``pinrotate`` database serves the whole server, while PostgreSQL keeps one `
 schema per database: every row therefore names the database it is about (``database_name``,
 the URL's database), so that two applications on one server keep their conflicts and key ids
 apart, as they would on PostgreSQL. Statements and their results only; which errors close what
-is the caller's (``mysql_bookkeeping``). Every statement runs with a parameter tuple.
+is the caller's (``commands.mysql.bookkeeping``). Every statement runs with a parameter tuple.
 """
 
 from __future__ import annotations

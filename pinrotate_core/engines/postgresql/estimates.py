@@ -1,7 +1,7 @@
 """A shard plan's reads on PostgreSQL: the planner's estimate of a table's rows
 (``pg_class.reltuples``) and the quantiles of the id over the stale rows, from every stale id or
 from a page sample (``TABLESAMPLE SYSTEM``). (MySQL: ``information_schema.TABLES.TABLE_ROWS``, no
-TABLESAMPLE: ``mysql_selection.py`` samples by id.) How many ranges, when to sample and what a
+TABLESAMPLE: ``commands/mysql/selection.py`` samples by id.) How many ranges, when to sample and what a
 sample stands for are the caller's (``drain/shards.py``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A drain's keyset reads on PostgreSQL (MySQL's are ``mysql_selection.py`` over ``Operations``):
+"""A drain's keyset reads on PostgreSQL (MySQL's are ``commands/mysql/selection.py`` over ``Operations``):
 conditions joined with AND, the conditions of an id range ``(lo, hi]``, the row comparison that
 resumes a pass over a tree of tables after a row, and the statement reading the next batch in id
 order. Which rows are stale and in scope, and which columns are read, is the caller's

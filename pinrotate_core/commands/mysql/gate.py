@@ -1,8 +1,8 @@
 """``gate --retire KEY`` on MySQL / MariaDB (contract §6): one look at one moment of the server.
 
 The look: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``; inside it the deep inventory
-of every configured target with no tenant filter (``mysql_inventory``) and the sweep of every
-database the role can read (``mysql_sweep``); the verdict by ``verdict.evaluate_gate`` with the
+of every configured target with no tenant filter (``.inventory``) and the sweep of every
+database the role can read (``.sweep``); the verdict by ``verdict.evaluate_gate`` with the
 same categories as on PostgreSQL (CONFLICT from ``pinrotate.conflicts``). Before the look, the
 keyring is compared with the key check values runs recorded in ``pinrotate.key_checks`` (other
 material under a recorded key id: exit 2). The transactions in flight are read in the snapshot too (after
@@ -25,29 +25,29 @@ from typing import Any, TypeVar
 import pymysql
 import sqlalchemy as sa
 
-from .config import Settings, TargetSettings
-from .db import database_url, make_engine
-from .engines.base.checks import OpenTransaction
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
-from .errors import DatabaseError
-from .forge_discovery import with_forge_targets
-from .gate.discover import apply_discovery
-from .gate.retire import section_entry, slice_of
-from .gate.settle import apply_settled
-from .gate.settle_result import SettleResult, named
-from .gate.verdict import GateReport, check_retire_key, evaluate_gate, held_keys
-from .key_checks import KeyIdentity
-from .keyring import Keyring
-from .log import log_event
-from .mysql_bookkeeping import confirm_key_identity_mysql
-from .mysql_inventory import inventory_on_mysql, take_mysql_inventory
-from .mysql_sweep import sweep_mysql
-from .providers import build_provider
-from .schemes.base import LEGACY_KEY, LegacyMigration
-from .schemes.registry import scheme_class
-from .scope import check_tenant_scope
+from ...config import Settings, TargetSettings
+from ...db import database_url, make_engine
+from ...engines.base.checks import OpenTransaction
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
+from ...errors import DatabaseError
+from ...forge_discovery import with_forge_targets
+from ...gate.discover import apply_discovery
+from ...gate.retire import section_entry, slice_of
+from ...gate.settle import apply_settled
+from ...gate.settle_result import SettleResult, named
+from ...gate.verdict import GateReport, check_retire_key, evaluate_gate, held_keys
+from ...key_checks import KeyIdentity
+from ...keyring import Keyring
+from ...log import log_event
+from ...providers import build_provider
+from ...schemes.base import LEGACY_KEY, LegacyMigration
+from ...schemes.registry import scheme_class
+from ...scope import check_tenant_scope
+from .bookkeeping import confirm_key_identity_mysql
+from .inventory import inventory_on_mysql, take_mysql_inventory
+from .sweep import sweep_mysql
 
 R = TypeVar("R")  # what one look decides: a report, or a run's reports by key
 

@@ -26,20 +26,20 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from itertools import groupby
 
-from .config import Settings
-from .db import database_url, make_engine
-from .engines.base.checks import CandidateColumn
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.gate import GATE_CHECKS
-from .engines.mysql.sweep import stream_values
-from .errors import DatabaseError
-from .forge_discovery import with_forge_targets
-from .gate.discover import Discovery
-from .gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find
-from .gate.sweep_trial import TOKEN, TrialKeys
-from .keyring import Keyring
-from .providers import build_provider
+from ...config import Settings
+from ...db import database_url, make_engine
+from ...engines.base.checks import CandidateColumn
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.gate import GATE_CHECKS
+from ...engines.mysql.sweep import stream_values
+from ...errors import DatabaseError
+from ...forge_discovery import with_forge_targets
+from ...gate.discover import Discovery
+from ...gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find
+from ...gate.sweep_trial import TOKEN, TrialKeys
+from ...keyring import Keyring
+from ...providers import build_provider
 
 _TOKENS = re.compile(TOKEN.encode("ascii"))
 

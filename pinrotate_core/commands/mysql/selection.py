@@ -1,4 +1,4 @@
-"""Which rows a MySQL / MariaDB run reads, and how its backlog splits into shards (``mysql_run``'s
+"""Which rows a MySQL / MariaDB run reads, and how its backlog splits into shards (``.run``'s
 selection, as ``drain.selection`` and ``drain.shards`` are on PostgreSQL).
 
 The rows a run may write are in scope and, where the row names its key, on an older one
@@ -18,18 +18,18 @@ import pymysql
 import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
-from .config import TargetSettings
-from .drain.options import DrainOptions
-from .drain.shards import MIN_BATCHES_PER_SHARD, SAMPLE_ROWS, Shard
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.operations import OPERATIONS as ops
-from .errors import DatabaseError
-from .mysql_inventory import FETCH_ROWS, read_list
-from .schemes.base import Scheme
-from .schemes.transit import PREFIX as TRANSIT_PREFIX
-from .schemes.transit import TRANSIT_VALUE_PATTERN
-from .scope_text import scope_condition
+from ...config import TargetSettings
+from ...drain.options import DrainOptions
+from ...drain.shards import MIN_BATCHES_PER_SHARD, SAMPLE_ROWS, Shard
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.operations import OPERATIONS as ops
+from ...errors import DatabaseError
+from ...schemes.base import Scheme
+from ...schemes.transit import PREFIX as TRANSIT_PREFIX
+from ...schemes.transit import TRANSIT_VALUE_PATTERN
+from ...scope_text import scope_condition
+from .inventory import FETCH_ROWS, read_list
 
 ALIAS = "t"
 # Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.

@@ -4,8 +4,8 @@ values rewrapped by Transit in the plan, outside the batch's transaction; a valu
 changed meanwhile is left for the next run, as on PostgreSQL).
 
 The run is the Prefect flow's, as on PostgreSQL: ``rotation`` asks here for each step of it on a
-MySQL / MariaDB URL (``resolve_targets``, ``mysql_selection.plan_shards``, ``drain``, ``verify_sample``; the gate is
-``mysql_gate.run_gate``), and these return the same types as the PostgreSQL steps.
+MySQL / MariaDB URL (``resolve_targets``, ``.selection.plan_shards``, ``drain``, ``verify_sample``; the gate is
+``.gate.run_gate``), and these return the same types as the PostgreSQL steps.
 
 Per target or shard (ids in ``(lo, hi]``), in id order (keyset batches of the throttle's batch size
 or ``job.batch_size`` in-scope rows, read without locks), the scheme plans each batch (every new
@@ -20,9 +20,9 @@ Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, re
 operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
 of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
-Which rows are read, and the shards' plan: ``mysql_selection``.
+Which rows are read, and the shards' plan: ``.selection``.
 
-Bookkeeping (``mysql_bookkeeping``, in the server's ``pinrotate`` database): before anything is
+Bookkeeping (``.bookkeeping``, in the server's ``pinrotate`` database): before anything is
 written, ``rotation.read_current_key`` compares each key's check value with the one recorded in
 ``pinrotate.key_checks`` (recorded where none is; a dry run only compares; other material under a
 recorded key id is refused, exit 2) and ``rotation.resolve_all`` creates ``pinrotate.conflicts``
@@ -40,32 +40,32 @@ from typing import Any
 import pymysql
 import sqlalchemy as sa
 
-from . import tracing
-from .config import Settings, TargetSettings
-from .conflicts import StateError
-from .drain.fpc1_precheck import HoldsFailingKeys
-from .drain.options import DrainOptions, stop_reason
-from .drain.results import (
+from ... import tracing
+from ...config import Settings, TargetSettings
+from ...conflicts import StateError
+from ...drain.fpc1_precheck import HoldsFailingKeys
+from ...drain.options import DrainOptions, stop_reason
+from ...drain.results import (
     STOP_DB_ERROR,
     STOP_KEY_UNAVAILABLE,
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
     DrainResult,
 )
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
-from .engines.mysql.operations import OPERATIONS as ops
-from .engines.mysql.signals import drain_session
-from .errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
-from .keyring import Keyring
-from .log import log_event
-from .mysql_bookkeeping import record_conflicts_mysql, tenant_key
-from .mysql_inventory import capacity_blocker, read_list
-from .mysql_selection import ALIAS, batches, count_backlog, read_batch, stale_where
-from .mysql_targets import read_table, resolve_mysql_target
-from .schemes.base import DECRYPT_FAILED, FailedRow, Scheme
-from .schemes.registry import build_scheme
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
+from ...engines.mysql.operations import OPERATIONS as ops
+from ...engines.mysql.signals import drain_session
+from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
+from ...keyring import Keyring
+from ...log import log_event
+from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
+from ...schemes.registry import build_scheme
+from .bookkeeping import record_conflicts_mysql, tenant_key
+from .inventory import capacity_blocker, read_list
+from .selection import ALIAS, batches, count_backlog, read_batch, stale_where
+from .targets import read_table, resolve_mysql_target
 
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
 SAMPLE_IDS = 64  # rows a drain keeps for verify to read back

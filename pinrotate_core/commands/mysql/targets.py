@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from .config import TargetSettings
-from .engines.base.catalog import CatalogColumn, TableCatalog
-from .engines.mysql.catalog import CATALOG
-from .engines.mysql.connect import MySqlConnection
-from .errors import TargetBlocked
-from .targets import Column, ResolvedTarget, TypeWords, check_shape, read_columns
+from ...config import TargetSettings
+from ...engines.base.catalog import CatalogColumn, TableCatalog
+from ...engines.mysql.catalog import CATALOG
+from ...engines.mysql.connect import MySqlConnection
+from ...errors import TargetBlocked
+from ...targets import Column, ResolvedTarget, TypeWords, check_shape, read_columns
 
 # MySQL's DATA_TYPE -> the type name the schemes and the rules above know.
 TYPE_NAMES = {

@@ -1,12 +1,12 @@
 """``inventory`` (and ``--deep``) on MySQL / MariaDB: the counts of ``inventory.py``, value by value.
 
-Every target is resolved over the room's catalog (``mysql_targets``), its rows streamed (PyMySQL's
+Every target is resolved over the room's catalog (``.targets``), its rows streamed (PyMySQL's
 unbuffered cursor) with the scope rule composed from the room's SQL pieces (``scope_text``), and
 each value classified (and with ``deep`` decrypted) by the same scheme as on PostgreSQL. The whole
 inventory reads one consistent snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``).
 Counts and locations only, never a value; nothing is written.
 
-CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``mysql_bookkeeping``);
+CONFLICT (``fpc1``) is what the last runs recorded in ``pinrotate.conflicts`` (``.bookkeeping``);
 a table the role may not read blocks the target.
 
 Not counted in the database as on PostgreSQL (where a scheme can name a row's key in SQL): every
@@ -22,24 +22,24 @@ import pymysql
 import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
-from .config import Settings, TargetSettings
-from .conflicts import StateError
-from .db import database_url, make_engine
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.connect import MySqlConnection
-from .engines.mysql.gate import GATE_CHECKS
-from .engines.mysql.operations import OPERATIONS as ops
-from .errors import DatabaseError
-from .forge_discovery import with_forge_targets
-from .inventory import Inventory, TargetInventory, bind_for_inventory
-from .keyring import Keyring
-from .mysql_bookkeeping import last_conflicts_mysql
-from .mysql_targets import resolve_mysql_target
-from .providers import build_provider
-from .schemes.base import LEGACY_KEY, InventoryFacts, Scheme
-from .schemes.transit import TransitScheme, transit_version_or_none
-from .scope import check_tenant_scope
-from .scope_text import exclusion_rule, scope_condition
+from ...config import Settings, TargetSettings
+from ...conflicts import StateError
+from ...db import database_url, make_engine
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql.gate import GATE_CHECKS
+from ...engines.mysql.operations import OPERATIONS as ops
+from ...errors import DatabaseError
+from ...forge_discovery import with_forge_targets
+from ...inventory import Inventory, TargetInventory, bind_for_inventory
+from ...keyring import Keyring
+from ...providers import build_provider
+from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
+from ...schemes.transit import TransitScheme, transit_version_or_none
+from ...scope import check_tenant_scope
+from ...scope_text import exclusion_rule, scope_condition
+from .bookkeeping import last_conflicts_mysql
+from .targets import resolve_mysql_target
 
 FETCH_ROWS = 2000
 ALIAS = "t"

@@ -30,17 +30,17 @@ from typing import Any, Final
 
 import pymysql
 
-from .config import Settings
-from .db import database_url, make_engine
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.operations import OPERATIONS as ops
-from .errors import ConfigError, DatabaseError
-from .keyring import Keyring, is_version
-from .samples import forge_sample, pin_profile
-from .schemes.aesgcm import AesGcmCipherSet
+from ...config import Settings
+from ...db import database_url, make_engine
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.operations import OPERATIONS as ops
+from ...errors import ConfigError, DatabaseError
+from ...keyring import Keyring, is_version
+from ...samples import forge_sample, pin_profile
+from ...schemes.aesgcm import AesGcmCipherSet
 
-SCHEMA_SQL: Final = Path(__file__).resolve().parents[1] / "examples" / "forge-mysql.sql"
-PIN_SCHEMA_SQL: Final = Path(__file__).resolve().parents[1] / "examples" / "pin-profile-mysql.sql"
+SCHEMA_SQL: Final = Path(__file__).resolve().parents[3] / "examples" / "forge-mysql.sql"
+PIN_SCHEMA_SQL: Final = Path(__file__).resolve().parents[3] / "examples" / "pin-profile-mysql.sql"
 INSERT_CHUNK: Final = 500  # rows per multi-row INSERT
 SEED_LOCK: Final = "pinrotate:seed"
 # Forge's MySQL tables name some columns otherwise and ask for more than the PostgreSQL sample's:

@@ -11,14 +11,14 @@ values and CONFLICT counts) for the owner to run ahead, then the rotation role's
 
 from __future__ import annotations
 
-from .config import Settings
-from .db import database_url, make_engine
-from .engines.mysql import connect as mysql_connect
-from .engines.mysql.catalog import CATALOG
-from .engines.mysql.grants import account, auditor_grants, bookkeeping_ddl, bookkeeping_grants, rotation_grants
-from .errors import ConfigError
-from .forge_discovery import with_forge_targets
-from .targets import read_columns
+from ...config import Settings
+from ...db import database_url, make_engine
+from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql.catalog import CATALOG
+from ...engines.mysql.grants import account, auditor_grants, bookkeeping_ddl, bookkeeping_grants, rotation_grants
+from ...errors import ConfigError
+from ...forge_discovery import with_forge_targets
+from ...targets import read_columns
 
 
 def _as_printed(statement: str) -> str:

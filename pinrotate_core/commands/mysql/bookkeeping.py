@@ -24,18 +24,18 @@ from typing import Final
 
 import pymysql
 
-from .config import Settings
-from .conflicts import NO_TENANT, StateError
-from .drain.results import DrainResult
-from .engines.mysql import bookkeeping as books
-from .engines.mysql.catalog import current_role
-from .engines.mysql.connect import MySqlConnection, describe_db_error, error_number
-from .errors import DatabaseError, RefusedToStart
-from .key_checks import KeyIdentity, compare_recorded, key_checks_for
-from .keyring import Keyring
-from .log import log_event
-from .providers import KeyProvider
-from .schemes.base import Scheme
+from ...config import Settings
+from ...conflicts import NO_TENANT, StateError
+from ...drain.results import DrainResult
+from ...engines.mysql import bookkeeping as books
+from ...engines.mysql.catalog import current_role
+from ...engines.mysql.connect import MySqlConnection, describe_db_error, error_number
+from ...errors import DatabaseError, RefusedToStart
+from ...key_checks import KeyIdentity, compare_recorded, key_checks_for
+from ...keyring import Keyring
+from ...log import log_event
+from ...providers import KeyProvider
+from ...schemes.base import Scheme
 
 KEY_CHECKS: Final = books.qualified(books.KEY_CHECKS)
 CONFLICTS: Final = books.qualified(books.CONFLICTS)
