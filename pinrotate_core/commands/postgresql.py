@@ -15,11 +15,10 @@ from psycopg import sql
 
 from ..config import Settings, TargetSettings
 from ..conflicts import StateError, ensure_conflicts_table, record_conflicts
-from ..db import database_url, describe_db_error, make_engine, raw_connection
+from ..db import describe_db_error, raw_connection
 from ..drain import DrainOptions, DrainResult, Shard, drain_target, split_backlog
 from ..engines.postgresql.room import ROOM
 from ..errors import ConfigError, DatabaseError, RefusedToStart, TargetBlocked
-from ..forge_discovery import with_forge_targets
 from ..gate import retire_gate, run_gate
 from ..gate.discover import Discovery, discover
 from ..gate.verdict import GateReport
@@ -27,14 +26,13 @@ from ..grants import grant_statements
 from ..inventory import Inventory, capacity_blocker, take_inventory
 from ..key_checks import confirm_key_identity
 from ..keyring import Keyring
-from ..log import log_event
-from ..providers import KeyProvider, build_provider
+from ..providers import KeyProvider
+from ..reading_start import start_reading
 from ..schemes.base import Scheme
 from ..schemes.registry import build_scheme, reads_row_versions
-from ..scope import check_tenant_scope
 from ..targets import resolve_target
 from ..throttle import Throttle, ThrottleControlSource
-from .base import EngineCommands, RecordConflicts, VerifySample
+from .base import EngineCommands, RecordConflicts, VerifySample, count_read_back
 
 if TYPE_CHECKING:
     from ..samples import forge_sample, pin_profile
@@ -110,15 +108,12 @@ class PostgresCommands:
     # -- the other commands -----------------------------------------------------------------------
 
     def inventory(self, settings: Settings, *, deep: bool, tenant: str | None) -> Inventory:
-        engine = make_engine(database_url(settings), pool_size=2)
+        start = start_reading(settings, tenant, pool_size=2)
         try:
-            settings = with_forge_targets(settings, engine)
-            check_tenant_scope(settings.targets, tenant)
-            provider = build_provider(settings)
-            keyring = provider.load_keyring()
-            return take_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
+            return take_inventory(start.engine, start.settings, start.keyring, deep=deep, tenant=tenant,
+                                  provider=start.provider)
         finally:
-            engine.dispose()
+            start.engine.dispose()
 
     def discover(self, settings: Settings) -> Discovery:
         return discover(settings)
@@ -150,14 +145,7 @@ def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[
     target = scheme.target
     query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
         cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation, id=sql.Identifier(target.settings.id))
-    sampled = ok = 0
-    for row in conn.cursor(binary=True).execute(query, [list(ids)]).fetchall():
-        sampled += 1
-        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
-            log_event("verify_failed", level=40, target=target.name, id=str(row[0]))
-        else:
-            ok += 1
-    return sampled, ok
+    return count_read_back(scheme, conn.cursor(binary=True).execute(query, [list(ids)]).fetchall())
 
 
 POSTGRESQL: EngineCommands = PostgresCommands()  # mypy proves here that the commands are complete

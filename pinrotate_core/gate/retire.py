@@ -20,18 +20,16 @@ import psycopg
 import sqlalchemy as sa
 
 from ..config import Settings, TargetSettings
-from ..db import database_url, make_engine
 from ..engines.postgresql.connect import database_identity
 from ..errors import DatabaseError
-from ..forge_discovery import with_forge_targets
 from ..inventory import Inventory, take_inventory
 from ..key_checks import KeyIdentity, confirm_key_identity
 from ..keyring import Keyring
 from ..log import log_event
-from ..providers import KeyProvider, build_provider
+from ..providers import KeyProvider
+from ..reading_start import start_reading
 from ..schemes.base import LEGACY_KEY, LegacyMigration
 from ..schemes.registry import scheme_class
-from ..scope import check_tenant_scope
 from .discover import Discovery, apply_discovery, outside_targets
 from .look import look_once, not_swept
 from .settle import apply_settled, mark_before_reads, settle_open_verdict
@@ -64,12 +62,9 @@ def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep
     in flight at the mark and at the snapshot have ended, then a second look at one new moment; what
     was waited for is in ``report.durability``).
     """
-    engine = make_engine(database_url(settings), pool_size=2)
+    start = start_reading(settings, tenant, pool_size=2)  # a low-code config added since is inside the gate
+    engine, settings, provider, keyring = start.engine, start.settings, start.provider, start.keyring
     try:
-        settings = with_forge_targets(settings, engine)  # a low-code config added since is inside the gate
-        check_tenant_scope(settings.targets, tenant)
-        provider = build_provider(settings)
-        keyring = provider.load_keyring()
         check_retire_key(keyring, key)
     except BaseException:
         engine.dispose()

@@ -26,13 +26,11 @@ import pymysql
 import sqlalchemy as sa
 
 from ...config import Settings, TargetSettings
-from ...db import database_url, make_engine
 from ...engines.base.checks import OpenTransaction
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
 from ...errors import DatabaseError
-from ...forge_discovery import with_forge_targets
 from ...gate.discover import apply_discovery
 from ...gate.retire import section_entry, slice_of
 from ...gate.settle import apply_settled
@@ -41,10 +39,9 @@ from ...gate.verdict import GateReport, check_retire_key, evaluate_gate, held_ke
 from ...key_checks import KeyIdentity
 from ...keyring import Keyring
 from ...log import log_event
-from ...providers import build_provider
+from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, LegacyMigration
 from ...schemes.registry import scheme_class
-from ...scope import check_tenant_scope
 from .bookkeeping import confirm_key_identity_mysql
 from .inventory import inventory_on_mysql, take_mysql_inventory
 from .sweep import sweep_mysql
@@ -158,12 +155,9 @@ def settle(conn: MySqlConnection, settings: Settings, first: tuple[R, list[OpenT
 def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True,
                       erase_excluded: bool = False) -> GateReport:
     """``gate --retire KEY`` on a MySQL / MariaDB URL (see the module docstring)."""
-    engine = make_engine(database_url(settings), pool_size=1)
+    start = start_reading(settings, tenant, pool_size=1)
+    engine, settings, provider, keyring = start.engine, start.settings, start.provider, start.keyring
     try:
-        settings = with_forge_targets(settings, engine)
-        check_tenant_scope(settings.targets, tenant)
-        provider = build_provider(settings)
-        keyring = provider.load_keyring()
         check_retire_key(keyring, key)
         part = None
         if tenant is not None:

@@ -24,19 +24,16 @@ from pymysql.cursors import SSCursor
 
 from ...config import Settings, TargetSettings
 from ...conflicts import StateError
-from ...db import database_url, make_engine
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.gate import GATE_CHECKS
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
-from ...forge_discovery import with_forge_targets
 from ...inventory import Inventory, TargetInventory, bind_for_inventory
 from ...keyring import Keyring
-from ...providers import build_provider
+from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
 from ...schemes.transit import TransitScheme, transit_version_or_none
-from ...scope import check_tenant_scope
 from ...scope_text import exclusion_rule, scope_condition
 from .bookkeeping import last_conflicts_mysql
 from .targets import resolve_mysql_target
@@ -47,15 +44,12 @@ ALIAS = "t"
 
 def mysql_inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
     """``inventory`` on a MySQL / MariaDB URL (the server reached first: exit 4 when it is not)."""
-    engine = make_engine(database_url(settings), pool_size=1)
+    start = start_reading(settings, tenant, pool_size=1)
     try:
-        settings = with_forge_targets(settings, engine)
-        check_tenant_scope(settings.targets, tenant)
-        provider = build_provider(settings)
-        keyring = provider.load_keyring()
-        return take_mysql_inventory(engine, settings, keyring, deep=deep, tenant=tenant, provider=provider)
+        return take_mysql_inventory(start.engine, start.settings, start.keyring, deep=deep, tenant=tenant,
+                                    provider=start.provider)
     finally:
-        engine.dispose()
+        start.engine.dispose()
 
 
 def take_mysql_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring, *, deep: bool = False,
