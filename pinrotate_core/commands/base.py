@@ -8,7 +8,7 @@ refuses, records and reports) stay with the caller, in ``rotation`` and ``flows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,6 +21,7 @@ from ..gate.discover import Discovery
 from ..gate.verdict import GateReport
 from ..inventory import Inventory
 from ..keyring import Keyring
+from ..log import log_event
 from ..providers import KeyProvider
 from ..schemes.base import Scheme
 from ..throttle import Throttle, ThrottleControlSource
@@ -30,6 +31,20 @@ if TYPE_CHECKING:  # the samples are imported by ``seed`` only
 
 # Re-reads rows a run committed and decrypts every value: (rows read, rows that decrypted).
 VerifySample = Callable[[Scheme, Sequence[Any]], tuple[int, int]]
+
+
+def count_read_back(scheme: Scheme, rows: Iterable[Sequence[Any]]) -> tuple[int, int]:
+    """(rows read, rows whose every value decrypts under a key of the keyring): a run's verify of
+    rows it committed (each row its id, then the scheme's ``read_list``), as ``inventory --deep``
+    reads them. A row that does not is logged by its id (``verify_failed``), never by a value."""
+    sampled = ok = 0
+    for row in rows:
+        sampled += 1
+        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
+            log_event("verify_failed", level=40, target=scheme.target.name, id=str(row[0]))
+        else:
+            ok += 1
+    return sampled, ok
 
 
 class RecordConflicts(Protocol):

@@ -62,6 +62,7 @@ from ...keyring import Keyring
 from ...log import log_event
 from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from ...schemes.registry import build_scheme
+from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
 from .inventory import capacity_blocker, read_list
 from .selection import ALIAS, batches, count_backlog, read_batch, stale_where
@@ -294,7 +295,6 @@ def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tupl
     idcol = ops.column(t.id, ALIAS)
     statement = (f"SELECT {idcol}, {', '.join(read_list(scheme))} FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
                  f" WHERE {idcol} IN ({', '.join(['%s'] * len(ids))})")
-    sampled = ok = 0
     try:
         with mysql_connect.raw_connection(engine) as conn, conn.cursor() as cur:
             cur.execute(statement, tuple(ids))
@@ -302,13 +302,7 @@ def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tupl
     except pymysql.err.MySQLError as e:
         raise DatabaseError(f"target {t.name}: cannot read the rows to verify "
                             f"({mysql_connect.describe_db_error(e)})") from None
-    for row in rows:
-        sampled += 1
-        if any(failed or value.category == "UNKNOWN_KEY" for value, failed in scheme.inspect(row[1:], True)):
-            log_event("verify_failed", level=40, target=t.name, id=str(row[0]))
-        else:
-            ok += 1
-    return sampled, ok
+    return count_read_back(scheme, rows)
 
 
 class _Mismatch(Exception):
