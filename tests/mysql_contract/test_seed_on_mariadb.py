@@ -112,3 +112,19 @@ def test_seed_loads_the_pin_profile_on_mariadb_and_the_pin_rotation_moves_it_all
                 assert row[column] == was[column], (table, row_id, column)
     with connect(mariadb, None) as conn:
         query(conn, "DELETE FROM pinrotate.key_checks WHERE database_name = %s", (mysql_database,))
+
+
+@pytest.mark.parametrize("preset", ["pin-profile", "forge"])
+def test_seed_refuses_a_url_that_names_no_database_in_one_line_writing_nothing(
+        mariadb: MariaDbServer, tmp_path: Path, preset: str) -> None:
+    example = "forge-mysql.toml" if preset == "forge" else "pin-profile-mysql.toml"
+    doc = tomllib.loads((EXAMPLES / example).read_text(encoding="utf-8"))
+    doc["database"]["url"] = mariadb.url("")  # the server, no database
+    doc["keys"]["file"] = str(tmp_path / "keys" / "keyfile")  # forge: the bootstrap file seed would write
+    cfg = ("--config", str(write_toml(tmp_path / "pinrotate.toml", doc)))
+
+    code, out, err = rotate("seed", "--preset", preset, "--rows", "5", *cfg, "--json")
+    line = one_line_error(code, out, err, expected=2)
+    assert "database.url" in line and "names its database" in line, line
+    if preset == "forge":  # Forge's bootstrap file is written only once the database is claimed
+        assert not (tmp_path / "keys" / "keyfile").exists()

@@ -58,22 +58,32 @@ def _statements(text: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+def _claim_empty_database(cur: Any, tables: Sequence[str]) -> str:
+    """Take the seed's lock and refuse, before anything is written, a URL naming no database or a
+    database that already holds one of the sample's ``tables`` (a seed never writes over tables).
+    Returns the database's name."""
+    cur.execute("SELECT GET_LOCK(%s, 10), DATABASE()", (SEED_LOCK,))
+    row = cur.fetchone()
+    database = str(row[1]) if row and row[1] is not None else None
+    if database is None:
+        raise ConfigError("database.url: seed loads the sample into the URL's database, and it names none")
+    marks = ", ".join(["%s"] * len(tables))
+    cur.execute(f"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                f" AND TABLE_NAME IN ({marks}) ORDER BY 1", tuple(tables))
+    found = [str(r[0]) for r in cur.fetchall()]
+    if found:
+        raise ConfigError(f"database {database} already holds {found[0]}: seed loads the sample only where"
+                          " its tables do not exist yet; nothing was written")
+    return database
+
+
 def seed_forge_mysql(settings: Settings, bootstrap_file: Path, *, rows: int) -> forge_sample.ForgeSeedSummary:
     if rows < 1:
         raise ConfigError("--rows: must be at least 1")
     engine = make_engine(database_url(settings), pool_size=1)
     try:
         with mysql_connect.raw_connection(engine) as conn, conn.cursor() as cur:
-            cur.execute("SELECT GET_LOCK(%s, 10), DATABASE()", (SEED_LOCK,))
-            row = cur.fetchone()
-            database = str(row[1]) if row else "?"
-            marks = ", ".join(["%s"] * len(forge_sample.TABLES))
-            cur.execute(f"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
-                        f" AND TABLE_NAME IN ({marks}) ORDER BY 1", forge_sample.TABLES)
-            found = [str(r[0]) for r in cur.fetchall()]
-            if found:
-                raise ConfigError(f"database {database} already holds {found[0]}: seed loads the sample only where"
-                                  " its tables do not exist yet; nothing was written")
+            _claim_empty_database(cur, forge_sample.TABLES)
             keys = forge_sample.write_sample_bootstrap(bootstrap_file)
             try:
                 for statement in _statements(SCHEMA_SQL.read_text(encoding="utf-8")):
@@ -217,18 +227,7 @@ def seed_pin_profile_mysql(settings: Settings, keyring: Keyring, *, rows: int, k
     engine = make_engine(database_url(settings), pool_size=1)
     try:
         with mysql_connect.raw_connection(engine) as conn, conn.cursor() as cur:
-            cur.execute("SELECT GET_LOCK(%s, 10), DATABASE()", (SEED_LOCK,))
-            row = cur.fetchone()
-            database = str(row[1]) if row and row[1] is not None else None
-            if database is None:
-                raise ConfigError("database.url: seed loads the sample into the URL's database, and it names none")
-            marks = ", ".join(["%s"] * len(pin_profile.TABLES))
-            cur.execute(f"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
-                        f" AND TABLE_NAME IN ({marks}) ORDER BY 1", pin_profile.TABLES)
-            found = [str(r[0]) for r in cur.fetchall()]
-            if found:
-                raise ConfigError(f"database {database} already holds {found[0]}: seed loads the sample only where"
-                                  " its tables do not exist yet; nothing was written")
+            database = _claim_empty_database(cur, pin_profile.TABLES)
             made = pin_rows(keyring, key, seed, rows)  # the key is checked before any table is made
             try:
                 for statement in _statements(PIN_SCHEMA_SQL.read_text(encoding="utf-8")):
