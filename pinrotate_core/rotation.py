@@ -114,7 +114,7 @@ class RunContext:
     def run_throttle(self) -> Throttle:
         if self.throttle is None:
             self.throttle = self.commands.make_throttle(self.engine, self.settings, control=self.throttle_control,
-                                                        run_id=self.run_id)
+                                                        run_id=self.run_id, writes=not self.dry_run)
         return self.throttle
 
     def close(self) -> None:

@@ -5,21 +5,28 @@ positions, waiting for them, each replica's status and lag, the heartbeat, a sto
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
 
+from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.engines.mysql.catalog import read_only_reasons
 from pinrotate_core.engines.mysql.connect import MySqlConnection
 from pinrotate_core.engines.mysql.gate import GATE_CHECKS
 from pinrotate_core.engines.mysql.replication import (
+    HeartbeatUnavailable,
     create_heartbeat_sql,
-    heartbeat_lag,
+    read_heartbeat,
+    remove_heartbeat,
     replica_status,
     wait_for_position,
     write_heartbeat,
 )
 from pinrotate_core.engines.mysql.signals import THROTTLE_SIGNALS
+from pinrotate_core.throttle.mysql import HeartbeatMeter
 from tests.mariadb_server import MariaDbServer, free_port, machine_server, start_own_server
 
 
@@ -76,17 +83,114 @@ def test_a_replica_caught_up_with_the_primary_gtid_position(pair: tuple[MariaDbS
         assert not durability.durable and any("sync_binlog = 0" in why for why in durability.reasons)
 
 
-def test_the_heartbeat_measures_the_replicas_delay(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
+def _heartbeat_table(p: MySqlConnection, r: MySqlConnection) -> None:
+    run(p, "CREATE DATABASE IF NOT EXISTS pinrotate")
+    with p.cursor() as cur:
+        cur.execute(create_heartbeat_sql(), ())  # composed of quoted names: run with a parameter tuple
+    position = GATE_CHECKS.primary_position(p)
+    assert position and wait_for_position(r, position, 20)
+
+
+def test_a_heartbeat_stamp_reaches_the_replica_exactly_and_goes_with_its_writer(
+        pair: tuple[MariaDbServer, MariaDbServer]) -> None:
     primary, replica = pair
     with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
-        run(p, "CREATE DATABASE IF NOT EXISTS pinrotate")
-        with p.cursor() as cur:
-            cur.execute(create_heartbeat_sql(), ())  # composed of quoted names: run with a parameter tuple
-        write_heartbeat(p)
+        _heartbeat_table(p, r)
+        with pytest.raises(HeartbeatUnavailable, match="has no table pinrotate.elsewhere"):
+            read_heartbeat(r, "writer-a", table="elsewhere")  # a replica without the table: said, not None
+        stamp = datetime(2026, 12, 6, 14, 52, 31, 123456)
+        write_heartbeat(p, "writer-a", stamp)
+        assert read_heartbeat(r, "writer-b") is None
         position = GATE_CHECKS.primary_position(p)
         assert position and wait_for_position(r, position, 20)
-        lag = heartbeat_lag(r)
-        assert lag is not None and 0 <= lag < 10
+        assert read_heartbeat(r, "writer-a") == stamp  # to the microsecond
+        remove_heartbeat(p, "writer-a")
+        position = GATE_CHECKS.primary_position(p)
+        assert position and wait_for_position(r, position, 20)
+        assert read_heartbeat(r, "writer-a") is None
+
+
+def test_the_heartbeat_meter_counts_how_long_the_oldest_stamp_a_replica_lacks_has_waited() -> None:
+    meter = HeartbeatMeter("w")
+    assert meter.lag(None) is None  # nothing stamped yet
+    t0 = datetime(2026, 1, 1)
+    meter._sent.extend([(t0, 10.0), (t0 + timedelta(seconds=1), 11.0), (t0 + timedelta(seconds=2), 12.0)])
+    now = time.monotonic()
+    assert meter.lag(t0 + timedelta(seconds=2)) == 0.0  # holds the newest
+    lag = meter.lag(t0)  # lacks the second: waited since it was written
+    assert lag is not None and lag >= now - 11.0
+    lag = meter.lag(None)  # holds none of them
+    assert lag is not None and lag >= now - 10.0
+    meter.applied_by_all([t0 + timedelta(seconds=1), None])  # one replica holds none: nothing forgotten
+    assert len(meter._sent) == 3
+    meter.applied_by_all([t0 + timedelta(seconds=1), t0 + timedelta(seconds=5)])
+    assert [s for s, _ in meter._sent] == [t0 + timedelta(seconds=2)]
+    meter.applied_by_all([t0 + timedelta(seconds=9)])
+    assert len(meter._sent) == 1  # the newest is always kept
+
+
+def test_a_writing_run_measures_lag_by_its_heartbeat_which_sees_what_the_status_cannot(
+        pair: tuple[MariaDbServer, MariaDbServer], caplog: pytest.LogCaptureFixture) -> None:
+    """The replica applies everything but the heartbeat (a replication filter): its status says
+    0 s behind, its stamps say otherwise, and the drain waits. A dry run writes no stamp; without
+    the table the status alone counts, said once."""
+    from pinrotate_core.engines.mysql.connect import make_engine
+    from pinrotate_core.throttle.mysql import MySqlThrottle
+
+    primary, replica = pair
+    with contextlib.closing(primary.connect()) as p, contextlib.closing(replica.connect()) as r:
+        run(p, "CREATE DATABASE IF NOT EXISTS app")
+        _heartbeat_table(p, r)
+        engine = make_engine(primary.url("app"), pool_size=1)
+        settings = _settings(primary.url("app"), replica.url("app"), max_replica_lag=0.3)
+        dry = MySqlThrottle.for_run(engine, settings, control=None, run_id="dry", writes=False)
+        try:
+            assert dry.heartbeat is None and dry.check().reason is None
+            assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat") == [(0,)]  # a dry run wrote nothing
+        finally:
+            dry.close()
+
+        run(r, "STOP SLAVE")
+        run(r, "SET GLOBAL replicate_wild_ignore_table = 'pinrotate.heartbeat'")
+        run(r, "START SLAVE")
+        writing = MySqlThrottle.for_run(engine, settings, control=None, run_id="run-1", writes=True)
+        try:
+            assert writing.heartbeat is not None
+            writing.check()
+            time.sleep(0.6)  # the stamp never arrives; nothing else is behind
+            (status,) = replica_status(r)
+            assert status.running and status.lag_s is not None and status.lag_s < 0.3, status
+            state = writing.check()
+            assert state.reason == "lag" and state.replica_lag is not None and state.replica_lag >= 0.5, state
+            assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat WHERE writer LIKE 'run-1-%%'") == [(1,)]
+        finally:
+            writing.close()  # its row goes (on the primary: the filter still skips it on the replica)
+            run(r, "STOP SLAVE")
+            run(r, "SET GLOBAL replicate_wild_ignore_table = ''")
+            run(r, "START SLAVE")
+        assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat") == [(0,)]
+
+        caught_up = MySqlThrottle.for_run(engine, settings, control=None, run_id="run-2", writes=True)
+        try:
+            deadline = time.monotonic() + 20
+            while (state := caught_up.check()).reason is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert state.reason is None and state.replica_lag is not None and state.replica_lag < 0.3, state
+        finally:
+            caught_up.close()
+
+        run(p, "DROP TABLE pinrotate.heartbeat")
+        absent = MySqlThrottle.for_run(engine, settings, control=None, run_id="run-3", writes=True)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert absent.check().reason is None  # the status alone counts
+                time.sleep(0.15)
+                assert absent.check().reason is None
+            hidden = [rec.getMessage() for rec in caplog.records if "throttle_signal_hidden" in rec.getMessage()]
+            assert len(hidden) == 1 and "replica_heartbeat" in hidden[0] and "pinrotate.heartbeat" in hidden[0], hidden
+        finally:
+            absent.close()
+            engine.dispose()
 
 
 def test_a_stopped_replica_is_not_caught_up_and_has_no_lag_figure(pair: tuple[MariaDbServer, MariaDbServer]) -> None:
@@ -141,3 +245,12 @@ def test_the_throttle_on_mysql_waits_for_a_stopped_replica_and_for_replicas_no_u
             named.close()
             unnamed.close()
             engine.dispose()
+
+
+def _settings(url: str, replica_url: str, *, max_replica_lag: float) -> Settings:
+    """A run's settings as a configuration file gives them: the primary, the replica named, one target."""
+    return settings_from_mapping({
+        "database": {"url": url, "replicas": [replica_url]},
+        "keys": {"provider": "env"},
+        "job": {"max_replica_lag": max_replica_lag},
+        "targets": [{"name": "T", "table": "t", "key_version": "key_version", "columns": ["c"]}]}, env={})

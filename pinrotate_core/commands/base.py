@@ -60,8 +60,9 @@ class EngineCommands(Protocol):
     # -- a run's steps (``rotation``) --------------------------------------------------------------
 
     def make_throttle(self, engine: sa.Engine, settings: Settings, *, control: ThrottleControlSource | None,
-                      run_id: str) -> Throttle:
-        """The run's one throttle, reading this engine's load and replica signals."""
+                      run_id: str, writes: bool) -> Throttle:
+        """The run's one throttle, reading this engine's load and replica signals (``writes``: not a
+        dry run; on MySQL such a run also measures replica lag by a heartbeat it writes)."""
 
     def confirm_key_identity(self, engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider,
                              *, record: bool, run_id: str | None, quiet: bool) -> None:

@@ -42,7 +42,7 @@ class PostgresCommands:
     # -- a run's steps ----------------------------------------------------------------------------
 
     def make_throttle(self, engine: sa.Engine, settings: Settings, *, control: ThrottleControlSource | None,
-                      run_id: str) -> Throttle:
+                      run_id: str, writes: bool) -> Throttle:
         return Throttle.from_settings(engine, settings, control=control, run_id=run_id)
 
     def confirm_key_identity(self, engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider,

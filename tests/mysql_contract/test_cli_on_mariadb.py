@@ -120,12 +120,14 @@ def test_grants_on_a_mysql_configuration_prints_statements_a_dba_can_run_and_run
         assert not any("UPDATE" in p for p in _column_privileges(mariadb, grantee[auditor], mysql_database).values())
         assert _wide_updates(mariadb, grantee[auditor], mysql_database) == []
         # pinrotate's own bookkeeping (the pinrotate database): conflicts replaced run by run, a key's
-        # check value only ever added; the auditor reads it with its SELECT on *.*.
+        # check value only ever added, a run's own heartbeat row stamped and removed; the auditor
+        # reads it with its SELECT on *.*.
         with connect(mariadb, None) as conn:
             books = set(query(conn, "SELECT TABLE_NAME, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES"
                                     " WHERE GRANTEE = %s AND TABLE_SCHEMA = 'pinrotate'", (grantee[role],)))
         assert books == {*(("conflicts", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")),
-                         ("key_checks", "SELECT"), ("key_checks", "INSERT")}, books
+                         ("key_checks", "SELECT"), ("key_checks", "INSERT"),
+                         *(("heartbeat", p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE"))}, books
 
         # The role, with exactly what was printed, runs the rotation and records its key checks.
         as_role = write_toml(tmp_path / "as-role.toml", {

@@ -49,8 +49,8 @@ class MySqlCommands:
     # -- a run's steps ----------------------------------------------------------------------------
 
     def make_throttle(self, engine: sa.Engine, settings: Settings, *, control: ThrottleControlSource | None,
-                      run_id: str) -> Throttle:
-        return MySqlThrottle.from_settings(engine, settings, control=control, run_id=run_id)
+                      run_id: str, writes: bool) -> Throttle:
+        return MySqlThrottle.for_run(engine, settings, control=control, run_id=run_id, writes=writes)
 
     def confirm_key_identity(self, engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider,
                              *, record: bool, run_id: str | None, quiet: bool) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from . import bookkeeping as books
 from .operations import OPERATIONS as ops
+from .replication import HEARTBEAT_SCHEMA, HEARTBEAT_TABLE, create_heartbeat_sql
 
 
 def account(user: str, host: str = "%") -> str:
@@ -39,11 +40,14 @@ def auditor_grants(grantee: str, flavour: str) -> list[str]:
 def bookkeeping_ddl() -> list[str]:
     """pinrotate's own ``pinrotate`` database and tables, for the owner to create ahead (then no
     role of pinrotate needs CREATE)."""
-    return [books.CREATE_DATABASE, books.CREATE_TABLES[books.CONFLICTS], books.CREATE_TABLES[books.KEY_CHECKS]]
+    return [books.CREATE_DATABASE, books.CREATE_TABLES[books.CONFLICTS], books.CREATE_TABLES[books.KEY_CHECKS],
+            create_heartbeat_sql()]
 
 
 def bookkeeping_grants(grantee: str) -> list[str]:
     """A rotation role's rights on the bookkeeping: CONFLICT counts are replaced run by run
-    (``INSERT ... ON DUPLICATE KEY UPDATE``, ``DELETE``); a key's check value is only ever added."""
+    (``INSERT ... ON DUPLICATE KEY UPDATE``, ``DELETE``); a key's check value is only ever added;
+    a run's throttle stamps its own heartbeat row and removes it at the end."""
     return [f"GRANT SELECT, INSERT, UPDATE, DELETE ON {ops.relation(books.DATABASE, books.CONFLICTS)} TO {grantee}",
-            f"GRANT SELECT, INSERT ON {ops.relation(books.DATABASE, books.KEY_CHECKS)} TO {grantee}"]
+            f"GRANT SELECT, INSERT ON {ops.relation(books.DATABASE, books.KEY_CHECKS)} TO {grantee}",
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {ops.relation(HEARTBEAT_SCHEMA, HEARTBEAT_TABLE)} TO {grantee}"]

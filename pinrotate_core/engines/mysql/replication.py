@@ -1,11 +1,13 @@
 """Replication on MySQL / MariaDB as the gate and the throttle see it: each replica's own status
 (``SHOW ALL SLAVES STATUS`` on MariaDB, ``SHOW REPLICA STATUS`` on MySQL 8.0.22+, ``SHOW SLAVE
-STATUS`` before), waiting for a GTID position, and gh-ost's heartbeat (a row the primary
-stamps, read back on a replica). Error numbers only, never a replica's error text (it may quote a
+STATUS`` before), waiting for a GTID position, and gh-ost's heartbeat (a row per writer the primary
+stamps, read back on a replica: ``throttle/mysql.py`` measures the lag from it). Error numbers only, never a replica's error text (it may quote a
 statement and its values)."""
 
 from __future__ import annotations
 
+import contextlib
+from datetime import datetime
 from typing import Any
 
 import pymysql
@@ -97,29 +99,63 @@ def _heartbeat(schema: str, table: str) -> str:
     return ops.relation(schema, table)
 
 
+class HeartbeatUnavailable(DatabaseError):
+    """The heartbeat table is absent, or the role may not write it: the lag is then read from each
+    replica's status alone (the throttle says so once)."""
+
+
 def create_heartbeat_sql(schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> str:
-    """The heartbeat table's DDL (for its owner to run, with an empty parameter tuple)."""
-    return (f"CREATE TABLE IF NOT EXISTS {_heartbeat(schema, table)} (id TINYINT PRIMARY KEY,"
-            " stamped_at DATETIME(6) NOT NULL) ENGINE = InnoDB")
+    """The heartbeat table's DDL (for its owner to run, with an empty parameter tuple): one row per
+    writer (a run's throttle in one process), its latest stamp."""
+    return (f"CREATE TABLE IF NOT EXISTS {_heartbeat(schema, table)} (writer VARCHAR(64) CHARACTER SET ascii"
+            " PRIMARY KEY, stamped_at DATETIME(6) NOT NULL) ENGINE = InnoDB")
 
 
-def write_heartbeat(primary: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> None:
-    """Stamp the primary's clock into the heartbeat row (one autocommit statement)."""
+_ABSENT = (1146, 1049)  # no such table, no such database
+_REFUSED = (1142, 1143, 1044, 1045)
+
+
+def write_heartbeat(primary: MySqlConnection, writer: str, stamp: datetime,
+                    schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> None:
+    """Stamp ``writer``'s row on the primary (one autocommit statement, binary-logged like the
+    batches). ``HeartbeatUnavailable`` when the table is absent or the role may not write it."""
     try:
         with primary.cursor() as cur:
-            cur.execute(f"REPLACE INTO {_heartbeat(schema, table)} (id, stamped_at) VALUES (1, UTC_TIMESTAMP(6))", ())
+            cur.execute(f"INSERT INTO {_heartbeat(schema, table)} (writer, stamped_at) VALUES (%s, %s)"
+                        " ON DUPLICATE KEY UPDATE stamped_at = VALUES(stamped_at)", (writer, stamp))
     except pymysql.err.MySQLError as e:
+        number = error_number(e)
+        relation = f"{schema}.{table}"
+        if number in _ABSENT:
+            raise HeartbeatUnavailable(f"no table {relation} (its DDL is in what `grants` prints)") from None
+        if number in _REFUSED:
+            raise HeartbeatUnavailable(f"the role may not write {relation} ({describe_db_error(e)})") from None
         raise DatabaseError(f"cannot write the replication heartbeat ({describe_db_error(e)})") from None
 
 
-def heartbeat_lag(replica: MySqlConnection, schema: str = HEARTBEAT_SCHEMA, table: str = HEARTBEAT_TABLE) -> float | None:
-    """Seconds between the last stamp the replica has applied and its own clock (clock skew
-    between the two servers included, as with gh-ost); None before the first stamp arrived."""
+def read_heartbeat(replica: MySqlConnection, writer: str, schema: str = HEARTBEAT_SCHEMA,
+                   table: str = HEARTBEAT_TABLE) -> datetime | None:
+    """The last stamp of ``writer`` the replica has applied (None: none yet).
+    ``HeartbeatUnavailable`` when the replica has no such table (a replication filter that leaves
+    the ``pinrotate`` database out would keep every stamp away, and the lag would only grow)."""
     try:
         with replica.cursor() as cur:
-            cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, stamped_at, UTC_TIMESTAMP(6)) / 1e6 "
-                        f"FROM {_heartbeat(schema, table)} WHERE id = 1", ())
+            cur.execute(f"SELECT stamped_at FROM {_heartbeat(schema, table)} WHERE writer = %s", (writer,))
             row = cur.fetchone()
     except pymysql.err.MySQLError as e:
+        if error_number(e) in _ABSENT:
+            raise HeartbeatUnavailable(f"the replica has no table {schema}.{table} (does it replicate the "
+                                       f"{schema} database?)") from None
         raise DatabaseError(f"cannot read the replication heartbeat ({describe_db_error(e)})") from None
-    return None if row is None else max(0.0, float(row[0]))
+    if row is None or row[0] is None:
+        return None
+    stamp = row[0]
+    assert isinstance(stamp, datetime)
+    return stamp
+
+
+def remove_heartbeat(primary: MySqlConnection, writer: str, schema: str = HEARTBEAT_SCHEMA,
+                     table: str = HEARTBEAT_TABLE) -> None:
+    """The writer's row, gone at the end of its run (a failure here is not the run's)."""
+    with contextlib.suppress(pymysql.err.MySQLError), primary.cursor() as cur:
+        cur.execute(f"DELETE FROM {_heartbeat(schema, table)} WHERE writer = %s", (writer,))
