@@ -1,9 +1,10 @@
 """THE scope rule: which rows a run, an inventory or a gate may read as "in scope".
 
 One predicate, composed the same way into every statement of every scheme (select, count, update
-guard, inventory): every ``require_not_null`` column set, the row not soft-deleted, and with
-``--tenant T`` only T's rows. It has no parameters (the tenant is inlined as a hex literal), so it
-fits statements with and without bound parameters alike. Out-of-scope rows are EXCLUDED: never
+guard, inventory), on both engines: every ``require_not_null`` column set, the row not
+soft-deleted, and with ``--tenant T`` only T's rows, compared byte for byte. It has no parameters
+(the tenant is inlined, as hex when it holds a quote, a backslash or a '%'), so it fits statements
+with and without bound parameters alike. ``scope_text`` composes it of an engine's SQL pieces. Out-of-scope rows are EXCLUDED: never
 read for rewriting, never written; the inventory names the rule that excluded each
 (``exclusion_rule``), and the gate counts them by rule.
 
@@ -19,8 +20,23 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from . import scope_text
 from .config import TargetSettings
+from .engines.postgresql.operations import OPERATIONS as PG
 from .errors import ConfigError
+
+# THE rule is composed once, of the engine's pieces (``scope_text``); here it is PostgreSQL's, as
+# psycopg Composables for the statements that compose it (drain, inventory, fpc1 pre-check).
+EXCLUSION_RULES = scope_text.EXCLUSION_RULES
+
+
+def _composable(text: str) -> sql.Composable:
+    """The room's text as psycopg's ``sql.Identifier`` would have written its names: the room doubles
+    a '%' in a quoted name (its statements always run with parameters); these compositions run with
+    and without them, as ``sql.Identifier`` names did (a name with a '%' is BLOCKED for a run, whose
+    statements bind parameters; an inventory or a gate reads it). Nothing else of the text holds a
+    '%': a literal that would is inlined as hex."""
+    return sql.SQL(text.replace("%%", "%"))
 
 
 def _col(name: str, alias: str | None) -> sql.Identifier:
@@ -29,35 +45,12 @@ def _col(name: str, alias: str | None) -> sql.Identifier:
 
 def live_condition(t: TargetSettings, alias: str | None = None) -> sql.Composable:
     """True for rows that are not soft-deleted."""
-    if not t.soft_delete:
-        return sql.SQL("true")
-    text = sql.SQL("btrim({}::text)").format(_col(t.soft_delete, alias))
-    return sql.SQL(
-        "({sd} IS NULL OR lower({text}) IN ('', '0', 'false', 'f', 'n', 'no', 'off') OR {text} ~ '^[+-]?0+(\\.0+)?$')"
-    ).format(sd=_col(t.soft_delete, alias), text=text)
-
-
-EXCLUSION_RULES = ("require_not_null", "soft_delete", "tenant")
-
-
-def _rule_conditions(t: TargetSettings, tenant: str | None, alias: str | None) -> list[tuple[str, sql.Composable]]:
-    """(rule, condition) pairs, in ``EXCLUSION_RULES`` order: a row is in scope when every condition holds."""
-    conds: list[tuple[str, sql.Composable]] = [
-        ("require_not_null", sql.SQL("{} IS NOT NULL").format(_col(c, alias))) for c in t.require_not_null]
-    conds.append(("soft_delete", live_condition(t, alias)))
-    if tenant is not None:
-        if not t.tenant:
-            raise ConfigError(f"--tenant: target {t.name} has no tenant column")
-        # Inlined as hex: a '%' in a plain literal would read as a placeholder where parameters are bound.
-        conds.append(("tenant", sql.SQL("{}::text = convert_from(decode({}, 'hex'), 'UTF8')").format(
-            _col(t.tenant, alias), sql.Literal(tenant.encode().hex()))))
-    return conds
+    return _composable(scope_text.live_condition(t, PG, alias))
 
 
 def scope_condition(t: TargetSettings, tenant: str | None, alias: str | None = None) -> sql.Composable:
     """True exactly for the rows in scope (NULL counts as out of scope)."""
-    conds = [cond for _, cond in _rule_conditions(t, tenant, alias)]
-    return sql.SQL("COALESCE(({}), false)").format(sql.SQL(" AND ").join(conds))
+    return _composable(scope_text.scope_condition(t, tenant, PG, alias))
 
 
 def exclusion_rule(t: TargetSettings, tenant: str | None, alias: str | None = None) -> sql.Composable:
@@ -67,9 +60,7 @@ def exclusion_rule(t: TargetSettings, tenant: str | None, alias: str | None = No
     A row out of scope for several rules is named by the first of ``EXCLUSION_RULES``, so that
     ``tenant`` names only rows that an unfiltered run would take.
     """
-    whens = [sql.SQL("WHEN NOT COALESCE(({}), false) THEN {}").format(cond, sql.Literal(rule))
-             for rule, cond in _rule_conditions(t, tenant, alias)]
-    return sql.SQL("(CASE {} ELSE NULL END)::text").format(sql.SQL(" ").join(whens))
+    return _composable(scope_text.exclusion_rule(t, tenant, PG, alias))
 
 
 def tenant_text(t: TargetSettings, alias: str | None = None) -> sql.Composable:

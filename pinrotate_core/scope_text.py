@@ -1,8 +1,7 @@
-"""THE scope rule of ``scope.py`` composed from an engine's SQL pieces (``engines.base.operations``):
-the same conditions, in the same order, for an engine whose statements are plain strings (MySQL /
-MariaDB today; PostgreSQL's statements still compose ``scope.py``'s psycopg form, which says the
-same). No parameters: the tenant is inlined by ``text_literal`` (hex), so the text fits statements
-with and without bound parameters alike.
+"""THE scope rule (see ``scope``) composed once, from an engine's SQL pieces
+(``engines.base.operations``): MySQL / MariaDB statements use the text as it is, PostgreSQL's
+through ``scope``'s psycopg wrappers. No parameters: the tenant is inlined by ``text_literal``, so
+the text fits statements with and without bound parameters alike.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from .config import TargetSettings
 from .engines.base.operations import Operations
 from .errors import ConfigError
 
+EXCLUSION_RULES = ("require_not_null", "soft_delete", "tenant")
 FALSE_WORDS = ("", "0", "false", "f", "n", "no", "off")
 ZERO_PATTERN = "^[+-]?0+([.]0+)?$"  # a number written as zero: 0, -00, 0.000
 
@@ -28,7 +28,7 @@ def live_condition(t: TargetSettings, ops: Operations, alias: str | None = None)
 
 def rule_conditions(t: TargetSettings, tenant: str | None, ops: Operations,
                     alias: str | None = None) -> list[tuple[str, str]]:
-    """(rule, condition) pairs in ``scope.EXCLUSION_RULES`` order: in scope when every one holds."""
+    """(rule, condition) pairs in ``EXCLUSION_RULES`` order: in scope when every one holds."""
     conds = [("require_not_null", f"{ops.column(c, alias)} IS NOT NULL") for c in t.require_not_null]
     conds.append(("soft_delete", live_condition(t, ops, alias)))
     if tenant is not None:

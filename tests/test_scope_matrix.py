@@ -502,3 +502,30 @@ def test_gate_stays_closed_while_rows_out_of_scope_are_on_the_key(case: Case) ->
         gate = retire_gate(case.settings, world.old_key, tenant=case.tenant)
         assert gate.open, gate.as_dict()
         assert gate.as_dict()["excluded_on_key"] == {}
+
+
+def test_a_tenant_column_under_a_case_insensitive_collation_scopes_exactly(
+        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+    """``--tenant acme`` takes 'acme' and never 'ACME', whatever the column's collation: the tenant
+    is compared byte for byte (COLLATE "C"). Under a nondeterministic ICU collation the comparison
+    once failed outright (a collation conflict with the inlined literal), and a plain comparison
+    would take both."""
+    try:
+        pg_conn.execute("CREATE COLLATION pr_case_insensitive (provider = icu, locale = 'und-u-ks-level2', "
+                        "deterministic = false)")
+    except psycopg.errors.FeatureNotSupported:
+        pytest.skip("this server has no ICU collations")
+    world = AesGcmWorld(keys_file)
+    old, current = world.encrypt([b"a", b"b", b"c"], [])
+    pg_conn.execute("CREATE TABLE scoped (id bigint PRIMARY KEY, key_version integer, c bytea, "
+                    "tenant text COLLATE pr_case_insensitive)")
+    for i, (value, tenant) in enumerate(zip(old, ("acme", "ACME", "Acme"), strict=True)):
+        pg_conn.execute("INSERT INTO scoped VALUES (%s, 1, %s, %s)", (i, value, tenant))
+    settings = world.settings(database_url, {"name": TARGET, "table": TABLE, "key_version": "key_version",
+                                             "columns": ["c"], "tenant": "tenant"})
+    inv = rotation.inventory(settings, tenant="acme").targets[TARGET]
+    assert inv.counts.get("HISTORICAL") == 1 and inv.excluded_by_rule == {"tenant": {"1": 2}}, inv.as_dict()
+    report = rotation.run_rotation(settings, tenant="acme")
+    assert report.targets[TARGET].reencrypted == 1
+    rows = dict(pg_conn.execute("SELECT tenant, key_version FROM scoped").fetchall())
+    assert rows == {"acme": 2, "ACME": 1, "Acme": 1}, rows

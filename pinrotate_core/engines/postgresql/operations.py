@@ -4,7 +4,13 @@ clauses: the same pieces today's statements write by hand (scope.py, drain/)."""
 
 from __future__ import annotations
 
+import re
+
 from ..base.operations import StandardClauses
+
+# Text a plain literal holds as it is, whatever standard_conforming_strings says, and where no
+# driver sees a placeholder: printable ASCII but the quote, the backslash and '%'.
+_PLAIN = re.compile(r"[\x20-\x24\x26\x28-\x5b\x5d-\x7e]*")
 
 
 class PostgresOperations(StandardClauses):
@@ -27,7 +33,11 @@ class PostgresOperations(StandardClauses):
         return f"({expr}) ~ {pattern_sql}"
 
     def text_literal(self, text: str) -> str:
-        # As scope.py inlines a tenant: a '%' in a plain literal would read as a placeholder.
+        # A plain literal is a constant (the scope rule's words and pattern, in every batch's read);
+        # any other text (a tenant with a quote, a backslash, a '%' that would read as a
+        # placeholder, non-ASCII) is inlined as hex: convert_from is STABLE, evaluated row by row.
+        if _PLAIN.fullmatch(text):
+            return f"'{text}'"
         return f"convert_from(decode('{text.encode().hex()}', 'hex'), 'UTF8')"
 
     def binary_literal(self, blob: bytes) -> str:
@@ -37,7 +47,9 @@ class PostgresOperations(StandardClauses):
         return f"{left} IS NOT DISTINCT FROM {right}"
 
     def exact_text_equal(self, left: str, right: str) -> str:
-        return f"({left}) = ({right})"  # text compares byte for byte under a deterministic collation
+        # Byte for byte whatever the column's collation: a nondeterministic one (ICU, case-
+        # insensitive) would take 'ACME' for 'acme', or refuse to compare with the literal at all.
+        return f'({left}) COLLATE "C" = ({right})'
 
     def lock_clause(self, *, skip_locked: bool, of: str | None = None) -> str:
         # NO KEY UPDATE: a re-encryption changes no key, so foreign keys pointing at the row are not blocked.
