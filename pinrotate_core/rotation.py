@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pymysql
 import sqlalchemy as sa
 
 from .commands import EngineCommands, commands_for
@@ -244,7 +243,7 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
                            run_id=ctx.run_id)
                 except StateError as e:
                     r.state_error = str(e)
-    except (DatabaseError, pymysql.err.MySQLError):
+    except DatabaseError:
         for name in names:
             results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
     for name in names:

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pymysql
 import sqlalchemy as sa
 
 from ...config import Settings, TargetSettings
@@ -28,7 +29,7 @@ from ...conflicts import StateError
 from ...db import database_url, make_engine
 from ...drain import DrainOptions, DrainResult, Shard
 from ...engines.mysql.room import ROOM
-from ...errors import RefusedToStart
+from ...errors import DatabaseError, RefusedToStart
 from ...gate.discover import Discovery
 from ...gate.verdict import GateReport
 from ...inventory import Inventory
@@ -77,14 +78,18 @@ class MySqlCommands:
 
     @contextlib.contextmanager
     def conflicts_recorder(self, engine: sa.Engine) -> Iterator[RecordConflicts]:
-        # In the server's pinrotate database (.bookkeeping); the same rules as on PostgreSQL.
-        with ROOM.raw_connection(engine) as my:
-            def record(target: str, by_tenant: Mapping[str, int], *, tenant_scope: str | None, complete: bool,
-                       run_id: str) -> None:
-                record_conflicts_mysql(my, target, by_tenant, tenant_scope=tenant_scope, complete=complete,
-                                       run_id=run_id)
+        # In the server's pinrotate database (.bookkeeping); the same rules as on PostgreSQL. The
+        # driver's errors become DatabaseError here, at the boundary, as PostgreSQL's path raises.
+        try:
+            with ROOM.raw_connection(engine) as my:
+                def record(target: str, by_tenant: Mapping[str, int], *, tenant_scope: str | None, complete: bool,
+                           run_id: str) -> None:
+                    record_conflicts_mysql(my, target, by_tenant, tenant_scope=tenant_scope, complete=complete,
+                                           run_id=run_id)
 
-            yield record
+                yield record
+        except pymysql.err.MySQLError as e:
+            raise DatabaseError(f"cannot record the CONFLICT counts ({ROOM.describe_db_error(e)})") from None
 
     @contextlib.contextmanager
     def verifier(self, engine: sa.Engine) -> Iterator[VerifySample]:
