@@ -166,13 +166,22 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
             row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {scope} AND {condition}").format(
                 rel=target.relation, scope=scope, condition=condition)).fetchone()
             inv.extra[fact] = int(row[0]) if row else 0
+    return conclude_target(inv, scheme, lambda: last_conflicts(conn, t.name, tenant=tenant),
+                           lambda: capacity_blocker(conn, scheme, tenant))
+
+
+def conclude_target(inv: TargetInventory, scheme: Scheme, conflicts: Callable[[], int],
+                    capacity: Callable[[], str | None]) -> TargetInventory:
+    """The end of a target's inventory on either engine: a ``cas`` target's CONFLICTs as the last
+    runs recorded them (unreadable: BLOCKED, fail closed, for conflicts we cannot read might
+    exist), then room for the new ciphertexts (a ``varchar(n)`` too narrow: BLOCKED)."""
     if scheme.guard == "cas":
         try:
-            inv.counts["CONFLICT"] = last_conflicts(conn, t.name, tenant=tenant)
+            inv.counts["CONFLICT"] = conflicts()
         except StateError as e:
-            inv.block(str(e))  # fail closed: conflicts we cannot read might exist
+            inv.block(str(e))
             return inv
-    reason = capacity_blocker(conn, scheme, tenant)
+    reason = capacity()
     if reason is not None:
         inv.block(reason)
     return inv

@@ -20,6 +20,7 @@ import pytest
 from pinrotate_core import rotation
 from pinrotate_core.commands.mysql.run import drain
 from pinrotate_core.commands.mysql.targets import resolve_mysql_target
+from pinrotate_core.config import Settings
 from pinrotate_core.drain import STOP_DB_ERROR, DrainOptions
 from pinrotate_core.engines.mysql import connect as mysql_connect
 from pinrotate_core.errors import ConfigError
@@ -68,12 +69,18 @@ def _creds(server: MariaDbServer, database: str) -> None:
         assert cur.fetchone() == ("abc",)
 
 
-def test_a_target_too_narrow_is_blocked_before_anything_is_written_on_a_lax_server(
-        lax_server: MariaDbServer, lax_database: str, tmp_path: Path) -> None:
+@pytest.fixture
+def narrow(lax_server: MariaDbServer, lax_database: str, tmp_path: Path) -> Settings:
+    """``creds`` made, a keyring whose current key is k2, and the fpc1 target's settings."""
     _creds(lax_server, lax_database)
     keys = tmp_path / "keys.toml"
     write_keys(keys)
-    settings = custom_settings(lax_server.url(lax_database), keys, {"table": "creds", "columns": ["pw"]})
+    return custom_settings(lax_server.url(lax_database), keys, {"table": "creds", "columns": ["pw"]})
+
+
+def test_a_target_too_narrow_is_blocked_before_anything_is_written_on_a_lax_server(
+        lax_server: MariaDbServer, lax_database: str, narrow: Settings) -> None:
+    settings = narrow
     before = _rows(lax_server, lax_database)
     inventory = rotation.inventory(settings).targets["T"]
     assert inventory.blocked_reason is not None and "70" in inventory.blocked_reason, inventory.as_dict()
@@ -83,11 +90,8 @@ def test_a_target_too_narrow_is_blocked_before_anything_is_written_on_a_lax_serv
 
 
 def test_a_value_the_server_would_cut_rolls_the_batch_back_when_the_check_is_bypassed(
-        lax_server: MariaDbServer, lax_database: str, tmp_path: Path) -> None:
-    _creds(lax_server, lax_database)
-    keys = tmp_path / "keys.toml"
-    write_keys(keys)
-    settings = custom_settings(lax_server.url(lax_database), keys, {"table": "creds", "columns": ["pw"]})
+        lax_server: MariaDbServer, lax_database: str, narrow: Settings) -> None:
+    settings = narrow
     before = _rows(lax_server, lax_database)
     ctx = rotation.open_run(settings, expected_key="k2")
     try:

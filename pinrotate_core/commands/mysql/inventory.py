@@ -23,13 +23,12 @@ import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
 from ...config import Settings, TargetSettings
-from ...conflicts import StateError
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.gate import GATE_CHECKS
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
-from ...inventory import Inventory, TargetInventory, bind_for_inventory
+from ...inventory import Inventory, TargetInventory, bind_for_inventory, conclude_target
 from ...keyring import Keyring
 from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
@@ -138,16 +137,9 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
             if failed:
                 inv.add("FAILED")
                 inv.failed_by_key[value.key or LEGACY_KEY] = inv.failed_by_key.get(value.key or LEGACY_KEY, 0) + 1
-    if scheme.guard == "cas":  # fpc1: what the last runs recorded in pinrotate.conflicts
-        try:
-            inv.counts["CONFLICT"] = last_conflicts_mysql(conn, t.name, tenant=tenant)
-        except StateError as e:
-            inv.block(str(e))  # fail closed: conflicts we cannot read might exist
-            return inv
-    reason = capacity_blocker(conn, scheme, tenant)
-    if reason is not None:
-        inv.block(reason)
-    return inv
+    # fpc1: the CONFLICTs the last runs recorded in the server's pinrotate.conflicts
+    return conclude_target(inv, scheme, lambda: last_conflicts_mysql(conn, t.name, tenant=tenant),
+                           lambda: capacity_blocker(conn, scheme, tenant))
 
 
 def counted_facts(scheme: Scheme) -> dict[str, Callable[[Sequence[Any]], bool]] | None:
