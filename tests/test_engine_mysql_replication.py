@@ -254,3 +254,42 @@ def _settings(url: str, replica_url: str, *, max_replica_lag: float) -> Settings
         "keys": {"provider": "env"},
         "job": {"max_replica_lag": max_replica_lag},
         "targets": [{"name": "T", "table": "t", "key_version": "key_version", "columns": ["c"]}]}, env={})
+
+
+def test_a_replica_without_the_heartbeat_table_is_read_by_its_status_and_the_stamping_stops(
+        pair: tuple[MariaDbServer, MariaDbServer], caplog: pytest.LogCaptureFixture) -> None:
+    """A server named as a replica that has no ``pinrotate.heartbeat`` (as a replication filter
+    leaving the database out would make it): said once, with its name; once no replica has the
+    table the primary is stamped no more, and the row already written goes at the end."""
+    from pinrotate_core.engines.mysql.connect import make_engine
+    from pinrotate_core.throttle.mysql import MySqlThrottle
+
+    primary, _ = pair
+    elsewhere = start_own_server()  # answers, holds no pinrotate database, replicates nothing
+    try:
+        with contextlib.closing(primary.connect()) as p, contextlib.closing(elsewhere.connect()) as e:
+            run(p, "CREATE DATABASE IF NOT EXISTS app")
+            run(p, "CREATE DATABASE IF NOT EXISTS pinrotate")
+            with p.cursor() as cur:
+                cur.execute(create_heartbeat_sql(), ())
+            run(e, "CREATE DATABASE IF NOT EXISTS app")
+            engine = make_engine(primary.url("app"), pool_size=1)
+            throttle = MySqlThrottle.for_run(engine, _settings(primary.url("app"), elsewhere.url("app"),
+                                                               max_replica_lag=5.0),
+                                             control=None, run_id="run-4", writes=True)
+            try:
+                with caplog.at_level(logging.WARNING):
+                    state = throttle.check()
+                    assert state.reason == "lag" and state.replica_lag is None  # not a replica: unknown, waits
+                    time.sleep(0.15)
+                    throttle.check()
+                said = [r.getMessage() for r in caplog.records if "signal=replica_heartbeat" in r.getMessage()]
+                assert len(said) == 1 and "has no table pinrotate.heartbeat" in said[0], said
+                assert throttle.heartbeat is not None and throttle.heartbeat.off is not None
+                assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat WHERE writer LIKE 'run-4-%%'") == [(1,)]
+            finally:
+                throttle.close()
+                engine.dispose()
+            assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat WHERE writer LIKE 'run-4-%%'") == [(0,)]
+    finally:
+        elsewhere.stop()

@@ -196,6 +196,8 @@ class MySqlThrottle(Throttle):
             self._no_heartbeat.add(name)
             log_event("throttle_signal_hidden", level=logging.WARNING, run_id=self.run_id or None,
                       signal="replica_heartbeat", replica=name, problem=str(e))
+            if self.replica_urls and all(redacted(url) in self._no_heartbeat for url in self.replica_urls):
+                beat.off = "no replica has the heartbeat table"  # nothing to stamp for any more
             return None
 
     def _stamp(self) -> HeartbeatMeter | None:
@@ -224,7 +226,7 @@ class MySqlThrottle(Throttle):
         return int(row[0]) if row else 0
 
     def close(self) -> None:
-        if self.heartbeat is not None and self.heartbeat.off is None and self.heartbeat.lag(None) is not None:
+        if self.heartbeat is not None and self.heartbeat.lag(None) is not None:  # a stamp was written
             with contextlib.suppress(DatabaseError), mysql_connect.raw_connection(self.engine) as conn:
                 remove_heartbeat(conn, self.heartbeat.writer)
         for engine in self._replica_engines.values():
