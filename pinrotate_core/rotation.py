@@ -24,6 +24,7 @@ from .db import database_url, make_engine
 from .drain import BatchEvent, DrainOptions, DrainResult, Shard
 from .errors import DatabaseError, RefusedToStart
 from .forge_discovery import with_forge_targets
+from .gate.verdict import GateReport
 from .inventory import Inventory
 from .keyring import Keyring
 from .log import log_event
@@ -325,6 +326,13 @@ def run_rotation(settings: Settings, *, target_names: Sequence[str] = (), dry_ru
 def inventory(settings: Settings, *, deep: bool = False, tenant: str | None = None) -> Inventory:
     """``inventory``: read-only counts per target and key, by the database engine's path."""
     return commands_for(settings).inventory(settings, deep=deep, tenant=tenant)
+
+
+def retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True,
+                erase_excluded: bool = False) -> GateReport:
+    """``gate --retire KEY``: may the key be destroyed now? By the database engine's path, as the
+    command line asks it (``gate.retire_gate`` is PostgreSQL's)."""
+    return commands_for(settings).retire_gate(settings, key, tenant=tenant, deep=deep, erase_excluded=erase_excluded)
 
 
 def conclude(ctx: RunContext, report: RunReport) -> None:
