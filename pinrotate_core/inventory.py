@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from .keyring import Keyring
 from .schemes.base import CATEGORIES, LEGACY_KEY, InventoryFacts, Scheme, ValueClass
 from .schemes.registry import build_scheme
 from .scope import exclusion_rule, scope_condition
-from .targets import ResolvedTarget, resolve_target
+from .targets import Column, ResolvedTarget, resolve_target
 
 
 class DeepPassProgress(Protocol):
@@ -188,23 +188,30 @@ def conclude_target(inv: TargetInventory, scheme: Scheme, conflicts: Callable[[]
 
 
 def capacity_blocker(conn: psycopg.Connection[Any], scheme: Scheme, tenant: str | None = None) -> str | None:
-    """Why the target is BLOCKED for lack of room (a ``varchar(n)`` too narrow), or None.
-
-    For each column with a declared length: the longest in-scope value once rewritten under the
-    current key, against that length. Only values long enough to possibly overflow are read.
-    """
+    """Why the target is BLOCKED for lack of room (a ``varchar(n)`` too narrow), or None
+    (``capacity_reason``, reading PostgreSQL)."""
     target = scheme.target
-    for column in target.columns:
+
+    def longer_than(column: Column, shortest: int) -> Iterable[Any]:
+        query = sql.SQL("SELECT {c} FROM {rel} WHERE {scope} AND {c} IS NOT NULL AND char_length({c}) > %s").format(
+            c=sql.Identifier(column.name), rel=target.relation, scope=scope_condition(target.settings, tenant))
+        return (stored for (stored,) in conn.execute(query, [shortest]))
+
+    return capacity_reason(scheme, longer_than)
+
+
+def capacity_reason(scheme: Scheme, longer_than: Callable[[Column, int], Iterable[Any]]) -> str | None:
+    """The capacity rule on either engine. For each column with a declared length: the longest
+    in-scope value once rewritten under the current key, against that length. Only values long
+    enough to possibly overflow are read (``longer_than(column, n)``: the in-scope stored values of
+    more than ``n`` characters)."""
+    for column in scheme.target.columns:
         limit = column.char_length
         growth = scheme.growth(column)
         if limit is None or growth <= 0:
             continue  # text, json, bytea: no declared length; or a scheme whose values never grow
-        ident = sql.Identifier(column.name)
-        query = sql.SQL("SELECT {c} FROM {rel} WHERE {scope} AND {c} IS NOT NULL AND char_length({c}) > %s").format(
-            c=ident, rel=target.relation, scope=scope_condition(target.settings, tenant))
-        worst = 0
-        for (stored,) in conn.execute(query, [limit - growth]):
-            worst = max(worst, scheme.length_after(column, stored) or 0)
+        worst = max((scheme.length_after(column, stored) or 0 for stored in longer_than(column, limit - growth)),
+                    default=0)
         if worst > limit:
             return (f"column {column.name} is {column.sql_type}, too narrow: re-encrypted under key "
                     f"{scheme.current_key} its values need up to {worst} characters "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from cryptography.hazmat.primitives import padding
@@ -75,16 +75,38 @@ class EcbDataSet:
                             **keys)
         return s.model_copy(update={"job": s.job.model_copy(update={"batch_size": 200})})
 
-    def stored(self) -> dict[int, str]:
-        return {int(r[0]): str(r[1]) for r in self.conn.execute("SELECT id, pw FROM creds")}
+    def stored(self) -> dict[int, str | None]:
+        return {int(r[0]): None if r[1] is None else str(r[1]) for r in self.conn.execute("SELECT id, pw FROM creds")}
+
+    def clear_foreign(self) -> None:
+        """What a person does about the foreign values: takes them out."""
+        self.conn.execute("UPDATE creds SET pw = NULL WHERE id > %s", (GENUINE,))
+
+
+class DataSet(Protocol):
+    """``creds`` as above, on either engine (test_legacy_ecb_mysql makes it on MariaDB)."""
+
+    foreign_ids: list[int]
+    genuine: dict[int, bytes]
+    padding_only: list[int]
+    utf8_too: list[int]
+
+    def stored(self) -> dict[int, str | None]: ...
+
+    def clear_foreign(self) -> None: ...
 
 
 def test_foreign_ecb_values_hold_back_every_legacy_value_and_keep_the_legacy_gate_closed(
         database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
     data = EcbDataSet(pg_conn)
+    assert_all_or_nothing_per_key(data, data.settings(database_url, keys_file))
+
+
+def assert_all_or_nothing_per_key(data: DataSet, settings: Settings) -> None:
+    """Every legacy value held back while foreign ones fail, the legacy gate closed; the genuine ones
+    moved to what Forge reads once a person has cleared the foreign ones."""
     # The trap is real in this data set: some foreign values pass the padding check; none is UTF-8.
     assert len(data.padding_only) >= 1 and data.utf8_too == []
-    settings = data.settings(database_url, keys_file)
     before = data.stored()
 
     deep = rotation.inventory(settings, deep=True).targets["T"]
@@ -102,16 +124,18 @@ def test_foreign_ecb_values_hold_back_every_legacy_value_and_keep_the_legacy_gat
     assert [(int(f.id), f.reason) for f in result.failed] == [(i, "decrypt_failed") for i in data.foreign_ids]
     assert data.stored() == before  # byte-identical, every row
 
-    gate = retire_gate(settings, "legacy")
+    gate = rotation.retire_gate(settings, "legacy")  # the engine's gate, as `gate --retire` asks it
     assert not gate.open and gate.blocking["FAILED"] == FOREIGN and gate.blocking["LEGACY"] == GENUINE + FOREIGN
 
     # Once the foreign values are dealt with by a person, the genuine ones move, to what Forge reads.
-    pg_conn.execute("UPDATE creds SET pw = NULL WHERE id > %s", (GENUINE,))
+    data.clear_foreign()
     again = rotation.run_rotation(settings, expected_key="k2")
     assert again.exit_code == 0 and again.targets["T"].reencrypted == GENUINE
     after = data.stored()
     for i, plaintext in data.genuine.items():
-        value = parse_fpc1(after[i])
+        stored = after[i]
+        assert stored is not None
+        value = parse_fpc1(stored)
         assert (value.algorithm, value.key_id) == ("AES", "k2") and unecb("AES", K2, value.payload) == plaintext
 
 

@@ -3,8 +3,9 @@ tests/test_legacy_ecb.py proves on PostgreSQL, with the same deterministic data 
 legacy values beside foreign ones, some of which pass the padding check under our legacy key
 (none as UTF-8 text). Every legacy value is held back while one fails, the legacy gate stays
 closed, and once a person has dealt with the foreign values the genuine ones move to what Forge
-reads. The gate sweeps the whole server: a mariadbd of the module's own (``mariadb`` and
-``mysql_database``: tests/mariadb_server.private_mariadb). TEST keys only.
+reads (test_legacy_ecb's ``assert_all_or_nothing_per_key``: the same assertions). The gate sweeps
+the whole server: a mariadbd of the module's own (``mariadb`` and ``mysql_database``:
+tests/mariadb_server.private_mariadb). TEST keys only.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pinrotate_core import rotation
 from pinrotate_core.config import Settings
-from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
-from .test_fpc1_migration import K2, custom_settings, legacy_ecb, unecb, write_keys
-from .test_legacy_ecb import FOREIGN, GENUINE, SEED, is_utf8, padding_passes
+from .test_fpc1_migration import custom_settings, legacy_ecb, write_keys
+from .test_legacy_ecb import FOREIGN, GENUINE, SEED, assert_all_or_nothing_per_key, is_utf8, padding_passes
 
 pytestmark = [pytest.mark.mysql, pytest.mark.xdist_group("test_legacy_ecb_mysql")]
 
@@ -63,39 +62,11 @@ class MariaDbEcbDataSet:
     def stored(self) -> dict[int, str | None]:
         return {int(str(r[0])): None if r[1] is None else str(r[1]) for r in self.execute("SELECT id, pw FROM creds")}
 
+    def clear_foreign(self) -> None:
+        self.execute("UPDATE creds SET pw = NULL WHERE id > %s", (GENUINE,))
+
 
 def test_foreign_ecb_values_hold_back_every_legacy_value_on_mariadb_and_keep_the_legacy_gate_closed(
         mariadb: MariaDbServer, mysql_database: str, tmp_path: Path) -> None:
     data = MariaDbEcbDataSet(mariadb, mysql_database)
-    assert len(data.padding_only) >= 1 and data.utf8_too == []  # the trap is real in this data set
-    settings = data.settings(tmp_path / "keys.toml")
-    before = data.stored()
-
-    deep = rotation.inventory(settings, deep=True).targets["T"]
-    assert deep.counts["LEGACY"] == GENUINE + FOREIGN
-    assert deep.counts["FAILED"] == FOREIGN and deep.failed_by_key == {"legacy": FOREIGN}
-
-    dry = rotation.run_rotation(settings, dry_run=True)
-    report = rotation.run_rotation(settings, expected_key="k2")
-
-    assert report.exit_code == rotation.EXIT_FAIL_CLOSED == dry.exit_code
-    result = report.targets["T"]
-    # All or nothing per key: not one legacy value is rewritten, the genuine ones included.
-    assert result.reencrypted == 0 == dry.targets["T"].reencrypted and result.conflicts == 0
-    assert result.counts["key_held"] == GENUINE
-    assert [(int(f.id), f.reason) for f in result.failed] == [(i, "decrypt_failed") for i in data.foreign_ids]
-    assert data.stored() == before  # byte-identical, every row
-
-    gate = rotation.retire_gate(settings, "legacy")  # the engine's gate, as `gate --retire` asks it
-    assert not gate.open and gate.blocking["FAILED"] == FOREIGN and gate.blocking["LEGACY"] == GENUINE + FOREIGN
-
-    # Once the foreign values are dealt with by a person, the genuine ones move, to what Forge reads.
-    data.execute("UPDATE creds SET pw = NULL WHERE id > %s", (GENUINE,))
-    again = rotation.run_rotation(settings, expected_key="k2")
-    assert again.exit_code == 0 and again.targets["T"].reencrypted == GENUINE
-    after = data.stored()
-    for i, plaintext in data.genuine.items():
-        stored = after[i]
-        assert stored is not None
-        value = parse_fpc1(stored)
-        assert (value.algorithm, value.key_id) == ("AES", "k2") and unecb("AES", K2, value.payload) == plaintext
+    assert_all_or_nothing_per_key(data, data.settings(tmp_path / "keys.toml"))

@@ -15,7 +15,7 @@ row is read, which costs time, not correctness.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -28,12 +28,13 @@ from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.gate import GATE_CHECKS
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
-from ...inventory import Inventory, TargetInventory, bind_for_inventory, conclude_target
+from ...inventory import Inventory, TargetInventory, bind_for_inventory, capacity_reason, conclude_target
 from ...keyring import Keyring
 from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
 from ...schemes.transit import TransitScheme, transit_version_or_none
 from ...scope_text import exclusion_rule, scope_condition
+from ...targets import Column
 from .bookkeeping import last_conflicts_mysql
 from .targets import resolve_mysql_target
 
@@ -165,27 +166,20 @@ def counted_facts(scheme: Scheme) -> dict[str, Callable[[Sequence[Any]], bool]] 
 
 
 def capacity_blocker(conn: MySqlConnection, scheme: Scheme, tenant: str | None = None) -> str | None:
-    """Why the target is BLOCKED for lack of room (a ``varchar(n)`` too narrow), as ``inventory.capacity_blocker``."""
-    target = scheme.target
-    t = target.settings
-    for column in target.columns:
-        limit, growth = column.char_length, scheme.growth(column)
-        if limit is None or growth <= 0:
-            continue
+    """Why the target is BLOCKED for lack of room (a ``varchar(n)`` too narrow): ``inventory``'s
+    ``capacity_reason``, reading MySQL."""
+    t = scheme.target.settings
+
+    def longer_than(column: Column, shortest: int) -> Iterable[Any]:
         col = ops.column(column.name, ALIAS)
         statement = (f"SELECT {col} FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
                      f" WHERE {scope_condition(t, tenant, ops, ALIAS)} AND {col} IS NOT NULL"
                      f" AND CHAR_LENGTH({col}) > %s")
-        worst = 0
         with conn.cursor() as cur:
-            cur.execute(statement, (limit - growth,))
-            for (stored,) in cur.fetchall():
-                worst = max(worst, scheme.length_after(column, stored) or 0)
-        if worst > limit:
-            return (f"column {column.name} is {column.sql_type}, too narrow: re-encrypted under key "
-                    f"{scheme.current_key} its values need up to {worst} characters "
-                    "(widen it; pinrotate never changes the application's schema)")
-    return None
+            cur.execute(statement, (shortest,))
+            return [stored for (stored,) in cur.fetchall()]
+
+    return capacity_reason(scheme, longer_than)
 
 
 def tenants_in_scope(conn: MySqlConnection, t: TargetSettings, tenant: str | None) -> list[str]:
