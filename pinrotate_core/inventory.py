@@ -20,6 +20,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from . import scheme_sql
 from .config import Settings, TargetSettings
 from .conflicts import StateError, last_conflicts
 from .db import describe_db_error, raw_connection
@@ -127,7 +128,7 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
     inv = TargetInventory(t.name, t.format)
     scope = scope_condition(t, tenant, "t")
     rule = exclusion_rule(t, tenant, "t")  # NULL exactly where `scope` holds
-    keys_sql = scheme.value_keys_sql("t")
+    keys_sql = scheme_sql.value_keys(scheme, "t")
     if keys_sql is not None:
         per_value = sql.SQL(", ").join(sql.SQL("({}, {})").format(k, p) for k, p in keys_sql)
         rows = conn.execute(sql.SQL(
@@ -145,7 +146,7 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
         # Value by value: every row when the database could not count, else only the in-scope rows.
         where = sql.SQL("true") if keys_sql is None else scope
         query = sql.SQL("SELECT {rule}, {cols} FROM {rel} AS t WHERE {where}").format(
-            rule=rule, cols=sql.SQL(", ").join(scheme.read_list("t")), rel=target.relation, where=where)
+            rule=rule, cols=sql.SQL(", ").join(scheme_sql.read_list(scheme, "t")), rel=target.relation, where=where)
         told = DEEP_PASS_PROGRESS.get() if deep else None
         if told is not None:  # the rows the pass will read, counted only for someone who shows them
             counted = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {where}").format(
@@ -162,7 +163,7 @@ def inventory_target(conn: psycopg.Connection[Any], scheme: Scheme, *, deep: boo
                     _bump(inv.failed_by_key, value.key or LEGACY_KEY)
     if isinstance(scheme, InventoryFacts):
         inv.extra.update(scheme.inventory_facts())
-        for fact, condition in scheme.counted_facts("t").items():
+        for fact, condition in scheme_sql.counted_facts(scheme, "t").items():
             row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {scope} AND {condition}").format(
                 rel=target.relation, scope=scope, condition=condition)).fetchone()
             inv.extra[fact] = int(row[0]) if row else 0

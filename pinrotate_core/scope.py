@@ -23,20 +23,12 @@ from psycopg import sql
 from . import scope_text
 from .config import TargetSettings
 from .engines.postgresql.operations import OPERATIONS as PG
+from .engines.postgresql.operations import composable as _composable
 from .errors import ConfigError
 
 # THE rule is composed once, of the engine's pieces (``scope_text``); here it is PostgreSQL's, as
 # psycopg Composables for the statements that compose it (drain, inventory, fpc1 pre-check).
 EXCLUSION_RULES = scope_text.EXCLUSION_RULES
-
-
-def _composable(text: str) -> sql.Composable:
-    """The room's text as psycopg's ``sql.Identifier`` would have written its names: the room doubles
-    a '%' in a quoted name (its statements always run with parameters); these compositions run with
-    and without them, as ``sql.Identifier`` names did (a name with a '%' is BLOCKED for a run, whose
-    statements bind parameters; an inventory or a gate reads it). Nothing else of the text holds a
-    '%': a literal that would is inlined as hex."""
-    return sql.SQL(text.replace("%%", "%"))
 
 
 def _col(name: str, alias: str | None) -> sql.Identifier:

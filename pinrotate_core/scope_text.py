@@ -23,7 +23,7 @@ def live_condition(t: TargetSettings, ops: Operations, alias: str | None = None)
     text = f"TRIM({ops.text_of(col)})"
     words = ", ".join(ops.text_literal(w) for w in FALSE_WORDS)
     return (f"({col} IS NULL OR LOWER({text}) IN ({words}) OR "
-            f"{ops.regex_match(text, ops.text_literal(ZERO_PATTERN))})")
+            f"{ops.regex_match(text, ZERO_PATTERN)})")
 
 
 def rule_conditions(t: TargetSettings, tenant: str | None, ops: Operations,

@@ -20,10 +20,10 @@ import psycopg
 import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import KeysSettings, Settings, settings_from_mapping
+from pinrotate_core.engines.base.operations import Operations
 from pinrotate_core.errors import CiphertextInvalid, ConfigError, TargetBlocked, VerificationFailed
 from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Keyring
@@ -65,14 +65,12 @@ class ToyScheme(IntegerVersions, RowVersioned):
         self.target, self.keyring, self.kv = target, keyring, target.key_version
         self.current_key = keyring.current
 
-    def _ref(self, name: str, alias: str | None) -> sql.Identifier:
-        return sql.Identifier(alias, name) if alias else sql.Identifier(name)
+    # Its SQL is composed of the engine's pieces (quoting, casts), never written for one engine.
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str:
+        return f"{ops.column(self.kv.name, alias)} < {int(self.current_key)}"
 
-    def stale_condition(self, alias: str | None = None) -> sql.Composable:
-        return sql.SQL("{} < {}").format(self._ref(self.kv.name, alias), sql.Literal(int(self.current_key)))
-
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]:
-        return [self._ref(self.kv.name, alias), *(self._ref(c.name, alias) for c in self.target.columns)]
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]:
+        return [ops.column(self.kv.name, alias), *(ops.column(c.name, alias) for c in self.target.columns)]
 
     def key_version_column(self) -> Column | None:
         return self.kv
@@ -97,8 +95,8 @@ class ToyScheme(IntegerVersions, RowVersioned):
             write.add(row[0], new)
         return plan
 
-    def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
-        return [(sql.SQL("{}::text").format(self._ref(self.kv.name, alias)), sql.SQL("true"))]
+    def value_keys_sql(self, ops: Operations, alias: str) -> list[tuple[str, str]] | None:
+        return [(ops.text_of(ops.column(self.kv.name, alias)), "TRUE")]
 
     def classify_key(self, key: str | None) -> ValueClass:
         return classify_version(key, self.keyring)

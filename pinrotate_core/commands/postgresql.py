@@ -13,6 +13,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from .. import scheme_sql
 from ..config import Settings, TargetSettings
 from ..conflicts import StateError, ensure_conflicts_table, record_conflicts
 from ..db import describe_db_error, raw_connection
@@ -144,7 +145,7 @@ def _verify_sample(conn: psycopg.Connection[Any], scheme: Scheme, ids: Sequence[
     """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
     target = scheme.target
     query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {id} = ANY(%s)").format(
-        cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation, id=sql.Identifier(target.settings.id))
+        cols=sql.SQL(", ").join(scheme_sql.read_list(scheme)), rel=target.relation, id=sql.Identifier(target.settings.id))
     return count_read_back(scheme, conn.cursor(binary=True).execute(query, [list(ids)]).fetchall())
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg import sql
 
+from .. import scheme_sql
 from ..engines.postgresql import counts as pg_counts
 from ..schemes.base import Scheme
 from .selection import Selection
@@ -77,7 +78,7 @@ class BacklogCounter:
         s = self.selection
         conds, params = s.range(*(id_range or self.id_range))
         query = sql.SQL("SELECT {id}, {cols} FROM {rel} WHERE {where}").format(
-            id=s.id, cols=sql.SQL(", ").join(self.scheme.read_list()), rel=s.target.relation,
+            id=s.id, cols=sql.SQL(", ").join(scheme_sql.read_list(self.scheme)), rel=s.target.relation,
             where=s.stale_in(conds))
         stale = 0
         with conn.transaction(), conn.cursor(name="pinrotate_backlog") as cur:

@@ -17,6 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg import sql
 
+from ..engines.base.operations import Operations
+from ..engines.postgresql.operations import OPERATIONS as PG
+from ..engines.postgresql.operations import composable
 from ..log import log_event
 from ..schemes.base import DECRYPT_FAILED, FailedRow
 from ..scope import scope_condition
@@ -33,9 +36,9 @@ class HoldsFailingKeys(Protocol):
 
     target: ResolvedTarget
 
-    def stale_condition(self, alias: str | None = None) -> sql.Composable: ...
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str: ...
 
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]: ...
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]: ...
 
     def failing_values(self, texts: Sequence[Any]) -> list[tuple[str, str]]:
         """(label, key) of each value of a row (the texts of ``read_list`` after the tenant) that
@@ -53,8 +56,8 @@ def hold_failing_keys(conn: psycopg.Connection[Any], scheme: HoldsFailingKeys, s
     conds, params = selection.range(*id_range)
     in_range: sql.Composable = sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
     query = sql.SQL("SELECT {id}::text, ({in_range}), {cols} FROM {rel} WHERE {stale} AND {scope}").format(
-        id=selection.id, in_range=in_range, cols=sql.SQL(", ").join(scheme.read_list()), rel=target.relation,
-        stale=scheme.stale_condition(), scope=scope_condition(target.settings, None))
+        id=selection.id, in_range=in_range, cols=sql.SQL(", ").join(map(composable, scheme.read_list(PG))),
+        rel=target.relation, stale=composable(scheme.stale_condition(PG)), scope=scope_condition(target.settings, None))
     failing: dict[str, int] = {}
     failed: list[FailedRow] = []
     with conn.transaction(), conn.cursor(name="pinrotate_fpc1_precheck") as cur:

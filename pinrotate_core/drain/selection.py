@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import sql
 
+from .. import scheme_sql
 from ..engines.postgresql import selection as pg_selection
 from ..schemes.base import Scheme
 from ..scope import scope_condition
@@ -25,8 +26,8 @@ class Selection:
         # THE scope rule, composed once: bare for reads and counts, aliased "t" for update guards.
         self.scope = scope_condition(settings, tenant)
         self.scope_t = scope_condition(settings, tenant, "t")
-        self.where = pg_selection.all_of([scheme.stale_condition(), self.scope])
-        self.where_t = pg_selection.all_of([scheme.stale_condition("t"), self.scope_t])
+        self.where = pg_selection.all_of([scheme_sql.stale_condition(scheme), self.scope])
+        self.where_t = pg_selection.all_of([scheme_sql.stale_condition(scheme, "t"), self.scope_t])
 
     def range(self, lo: Any, hi: Any) -> tuple[list[sql.Composable], list[Any]]:
         """Conditions (and their parameters) for ids in ``(lo, hi]``; None: an open end."""
@@ -48,7 +49,7 @@ class Selection:
             conds, params = [*conds, *after], [*params, *after_params]
         else:
             conds, params = self.range(lo, hi)
-        query = pg_selection.next_batch(self.target.relation, self.id, [*self.scheme.read_list(), *extra],
+        query = pg_selection.next_batch(self.target.relation, self.id, [*scheme_sql.read_list(self.scheme), *extra],
                                         self.stale_in(conds), then_by)
         return query, [*params, size]
 

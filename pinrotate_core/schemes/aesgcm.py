@@ -14,10 +14,9 @@ import enum
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, ClassVar
 
-from psycopg import sql
-
 from .._primitives import AesGcm
 from ..config import KeysSettings
+from ..engines.base.operations import Operations
 from ..errors import CiphertextInvalid, KeyUnavailable, TargetBlocked, VerificationFailed
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
@@ -191,15 +190,12 @@ class AesGcmScheme(IntegerVersions, RowVersioned):
         self._all_bytea = all(e is ColumnEncoding.BYTEA for e in self.encodings)
         self._seen: dict[Any, tuple[ValueClass, str | None]] = {}  # key version -> (class, held key)
 
-    def _ident(self, column: str, alias: str | None) -> sql.Identifier:
-        return sql.Identifier(alias, column) if alias else sql.Identifier(column)
-
-    def stale_condition(self, alias: str | None = None) -> sql.Composable:
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str:
         # "<" never selects a row on a newer key (key rolled back), and never a NULL key version.
-        return sql.SQL("{} < {}").format(self._ident(self._kv.name, alias), sql.Literal(self.current))
+        return f"{ops.column(self._kv.name, alias)} < {int(self.current)}"
 
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]:
-        return [self._ident(self._kv.name, alias), *(self._ident(c.name, alias) for c in self.target.columns)]
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]:
+        return [ops.column(self._kv.name, alias), *(ops.column(c.name, alias) for c in self.target.columns)]
 
     def key_version_column(self) -> Column | None:
         return self._kv
@@ -208,8 +204,8 @@ class AesGcmScheme(IntegerVersions, RowVersioned):
         return plan_aesgcm_batch(self.target.name, self.target.settings.columns, self.encodings, rows, self.ciphers,
                                  known_failed=known_failed)
 
-    def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
-        return [(sql.SQL("{}::text").format(self._ident(self._kv.name, alias)), sql.SQL("true"))]
+    def value_keys_sql(self, ops: Operations, alias: str) -> list[tuple[str, str]] | None:
+        return [(ops.text_of(ops.column(self._kv.name, alias)), "TRUE")]
 
     def classify_key(self, key: str | None) -> ValueClass:
         return classify_version(key, self.keyring)

@@ -14,9 +14,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, Protocol, runtime_checkable
 
-from psycopg import sql
-
 from ..config import KeysSettings
+from ..engines.base.operations import Operations
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
 
@@ -161,16 +160,17 @@ class Scheme(Protocol):
     target: ResolvedTarget
     current_key: str
 
-    def stale_condition(self, alias: str | None = None) -> sql.Composable:
-        """SQL, without parameters: rows that may hold a value to move to the current key."""
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str:
+        """SQL of the engine's pieces, without parameters: rows that may hold a value to move to
+        the current key (a pre-filter: the plan decides each value)."""
 
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]:
-        """What the drain reads per row after the id (the plan's ``row[1:]``)."""
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]:
+        """What the drain reads per row after the id (the plan's ``row[1:]``), of the engine's pieces."""
 
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         """The writes for ``rows`` = ``(id, *read_list)``; every new value verified before it is returned."""
 
-    def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
+    def value_keys_sql(self, ops: Operations, alias: str) -> list[tuple[str, str]] | None:
         """Per value of a row: (key as text, present) in SQL, for a counting inventory; None: stream."""
 
     def classify_key(self, key: str | None) -> ValueClass:
@@ -210,8 +210,9 @@ class InventoryFacts(Protocol):
     def inventory_facts(self) -> dict[str, Any]:
         """Facts reported as they are."""
 
-    def counted_facts(self, alias: str) -> dict[str, sql.Composable]:
-        """Facts counted over the in-scope rows: name -> condition on a row (``alias``)."""
+    def counted_facts(self, ops: Operations, alias: str) -> dict[str, str]:
+        """Facts counted over the in-scope rows: name -> condition on a row (``alias``), in SQL of
+        the engine's pieces."""
 
 
 @runtime_checkable

@@ -18,10 +18,9 @@ import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, ClassVar, Final
 
-from psycopg import sql
-
 from .._primitives import PaddingInvalid
 from ..config import KeysSettings
+from ..engines.base.operations import Operations
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, RefusedToStart, TargetBlocked, VerificationFailed
 from ..keyring import Keyring
 from ..targets import Column, ResolvedTarget
@@ -126,9 +125,6 @@ class Fpc1Scheme:
         if expected_key is None:
             raise RefusedToStart("--expected-key-version is required for a non-dry run over fpc1 targets")
 
-    def _ref(self, name: str, alias: str | None) -> sql.Identifier:
-        return sql.Identifier(alias, name) if alias else sql.Identifier(name)
-
     def values(self, column: Column, text: str | None) -> list[tuple[ValueField, str | None]]:
         return values_of_column(column.name, self._paths[column.name], text)
 
@@ -177,27 +173,26 @@ class Fpc1Scheme:
 
     # -- Scheme --------------------------------------------------------------------------------
 
-    def stale_condition(self, alias: str | None = None) -> sql.Composable:
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str:
         """A plain column not starting with an active prefix, or any JSON column (its fields are
         only known once parsed)."""
-        conds: list[sql.Composable] = []
+        conds: list[str] = []
         for column in self.target.columns:
-            ref = self._ref(column.name, alias)
+            ref = ops.column(column.name, alias)
             if self._paths[column.name]:
-                conds.append(sql.SQL("{} IS NOT NULL").format(ref))
+                conds.append(f"{ref} IS NOT NULL")
                 continue
-            not_active = [sql.SQL("NOT starts_with({}::text, {})").format(ref, sql.Literal(p))
-                          for p in self._active_prefixes]
+            text = ops.text_of(ref)
+            not_active = " AND ".join(f"NOT {ops.starts_with(text, p)}" for p in self._active_prefixes)
             # NULL and blank values are no ciphertexts (Forge leaves them alone): never selected.
-            conds.append(sql.SQL("({} IS NOT NULL AND btrim({}::text) <> '' AND {})").format(
-                ref, ref, sql.SQL(" AND ").join(not_active)))
-        return sql.SQL("({})").format(sql.SQL(" OR ").join(conds))
+            conds.append(f"({ref} IS NOT NULL AND TRIM({text}) <> '' AND {not_active})")
+        return f"({' OR '.join(conds)})"
 
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]:
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]:
         t = self.target.settings
-        tenant: sql.Composable = sql.SQL("{}::text").format(self._ref(t.tenant, alias)) if t.tenant else sql.SQL("NULL::text")
+        tenant = ops.text_of(ops.column(t.tenant, alias) if t.tenant else "NULL")
         # json/jsonb are read as their text, which the JSON rewrite works on.
-        return [tenant, *(sql.SQL("{}::text").format(self._ref(c.name, alias)) for c in self.target.columns)]
+        return [tenant, *(ops.text_of(ops.column(c.name, alias)) for c in self.target.columns)]
 
     def plan(self, rows: Sequence[Sequence[Any]], known_failed: Collection[str] = ()) -> BatchPlan:
         """Decide every value of ``rows`` = ``(id, tenant, *column texts)``; each value alone: in a
@@ -305,7 +300,7 @@ class Fpc1Scheme:
             return bool(restored == read)
         return True
 
-    def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
+    def value_keys_sql(self, ops: Operations, alias: str) -> list[tuple[str, str]] | None:
         return None  # key ids live inside values (and JSON documents): counted value by value
 
     def classify_key(self, key: str | None) -> ValueClass:

@@ -16,9 +16,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from psycopg import sql
-
 from ..config import KeysSettings
+from ..engines.base.operations import Operations
 from ..errors import CiphertextInvalid, ConfigError, KeyUnavailable, TargetBlocked, TransitValuesInvalid
 from ..keyring import Keyring, is_version
 from ..targets import Column, ResolvedTarget
@@ -29,6 +28,8 @@ PREFIX: Final = "vault:v"
 _TRANSIT = re.compile(r"vault:v([1-9][0-9]{0,9}):([A-Za-z0-9+/]+={0,2})")
 # The same for PostgreSQL's regex engine: the whole value must be ``vault:v<N>:`` + padded
 # standard base64 (what ``transit_version`` accepts); group 1 is N.
+# Above any version Transit writes (at most 10 digits): the lowest version of a row without a Transit value.
+NO_VERSION: Final = 99_999_999_999
 TRANSIT_VALUE_PATTERN: Final = (
     r"^vault:v([1-9][0-9]{0,9}):(?:[A-Za-z0-9+/]{4})*"
     r"(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
@@ -194,6 +195,16 @@ def classify_transit_version(version: int, current: int, min_decryption_version:
     return "HISTORICAL" if version >= min_decryption_version else "UNKNOWN_KEY"
 
 
+def transit_version_sql(ops: Operations, column: Column, alias: str | None = None) -> str:
+    """SQL for the key version a stored value of ``column`` names: NULL when the value is NULL or
+    not the whole ``vault:v<N>:<base64>`` (``TRANSIT_VALUE_PATTERN``, exact bytes), as
+    ``transit_version_or_none`` reads it."""
+    text = ops.value_text(ops.column(column.name, alias), column.type_name)
+    digits = ops.before_first(f"SUBSTRING({text} FROM {len(PREFIX) + 1})", ":")
+    return (f"(CASE WHEN {ops.regex_match(text, TRANSIT_VALUE_PATTERN)}"
+            f" THEN {ops.to_int(digits)} END)")
+
+
 class TransitScheme(IntegerVersions, RowVersioned):
     """``vault-transit`` bound to one target, the run's keyring and the provider's rewrap port."""
 
@@ -222,30 +233,21 @@ class TransitScheme(IntegerVersions, RowVersioned):
         oldest = int(facts.get("transit_min_decryption_version") or 0)
         return lambda k: k == key or (is_version(k) and oldest <= int(k) < int(key))
 
-    def _ref(self, name: str, alias: str | None) -> sql.Identifier:
-        return sql.Identifier(alias, name) if alias else sql.Identifier(name)
+    def lowest_version_sql(self, ops: Operations, alias: str | None = None) -> str:
+        """The lowest key version among a row's values; ``NO_VERSION`` when none is a Transit value
+        (one form for every engine: MySQL's LEAST is NULL as soon as one argument is)."""
+        parts = [f"COALESCE({transit_version_sql(ops, c, alias)}, {NO_VERSION})" for c in self.target.columns]
+        return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
 
-    def version_sql(self, column: Column, alias: str | None = None) -> sql.Composable:
-        """SQL for the key version a stored value names: NULL when the value is NULL or not ``vault:v<N>:``."""
-        ref = self._ref(column.name, alias)
-        # A bytea column holds the ASCII text; 'escape' keeps ASCII as it is and escapes anything
-        # else, which then fails the pattern (UNKNOWN), as it would in transit_version().
-        text = sql.SQL("encode({}, 'escape')").format(ref) if column.type_name == "bytea" else sql.SQL("{}::text").format(ref)
-        return sql.SQL("(substring({} from {}))::int8").format(text, sql.Literal(TRANSIT_VALUE_PATTERN))
-
-    def lowest_version_sql(self, alias: str | None = None) -> sql.Composable:
-        """The lowest key version among a row's values (LEAST skips NULLs: NULL and unparseable values)."""
-        return sql.SQL("LEAST({})").format(sql.SQL(", ").join(self.version_sql(c, alias) for c in self.target.columns))
-
-    def stale_condition(self, alias: str | None = None) -> sql.Composable:
+    def stale_condition(self, ops: Operations, alias: str | None = None) -> str:
         kv = self.target.key_version
-        lhs = self._ref(kv.name, alias) if kv is not None else self.lowest_version_sql(alias)
-        return sql.SQL("{} < {}").format(lhs, sql.Literal(self.current))
+        lhs = ops.column(kv.name, alias) if kv is not None else self.lowest_version_sql(ops, alias)
+        return f"{lhs} < {int(self.current)}"
 
-    def read_list(self, alias: str | None = None) -> list[sql.Composable]:
+    def read_list(self, ops: Operations, alias: str | None = None) -> list[str]:
         kv = self.target.key_version
-        first: sql.Composable = self._ref(kv.name, alias) if kv is not None else sql.SQL("NULL::int8")
-        return [first, *(self._ref(c.name, alias) for c in self.target.columns)]
+        first = ops.column(kv.name, alias) if kv is not None else ops.to_int("NULL")
+        return [first, *(ops.column(c.name, alias) for c in self.target.columns)]
 
     def key_version_column(self) -> Column | None:
         return self.target.key_version
@@ -254,10 +256,10 @@ class TransitScheme(IntegerVersions, RowVersioned):
         return plan_transit_batch(self.target.name, self.target.columns, rows, self.current, self.rewrapper,
                                   known_failed=known_failed)
 
-    def value_keys_sql(self, alias: str) -> list[tuple[sql.Composable, sql.Composable]] | None:
+    def value_keys_sql(self, ops: Operations, alias: str) -> list[tuple[str, str]] | None:
         # Values, not rows: the prefix, not the key-version column, is what Transit decrypts with.
-        return [(sql.SQL("{}::text").format(self.version_sql(c, alias)),
-                 sql.SQL("{} IS NOT NULL").format(self._ref(c.name, alias))) for c in self.target.columns]
+        return [(ops.text_of(transit_version_sql(ops, c, alias)), f"{ops.column(c.name, alias)} IS NOT NULL")
+                for c in self.target.columns]
 
     def classify_key(self, key: str | None) -> ValueClass:
         if key is None:
@@ -286,12 +288,12 @@ class TransitScheme(IntegerVersions, RowVersioned):
     def inventory_facts(self) -> dict[str, Any]:
         return {"transit_latest_version": self.current, "transit_min_decryption_version": self.oldest}
 
-    def counted_facts(self, alias: str) -> dict[str, sql.Composable]:
+    def counted_facts(self, ops: Operations, alias: str) -> dict[str, str]:
         """Rows whose key-version column already says current while a value is older: the drain
         selects by that column and would not take them."""
         kv = self.target.key_version
         if kv is None:
             return {}
-        behind = sql.SQL("{} >= {} AND {} < {}").format(self._ref(kv.name, alias), sql.Literal(self.current),
-                                                        self.lowest_version_sql(alias), sql.Literal(self.current))
+        current = int(self.current)
+        behind = f"{ops.column(kv.name, alias)} >= {current} AND {self.lowest_version_sql(ops, alias)} < {current}"
         return {"transit_rows_behind_key_version": behind}

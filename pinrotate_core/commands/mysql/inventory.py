@@ -2,7 +2,9 @@
 
 Every target is resolved over the room's catalog (``.targets``), its rows streamed (PyMySQL's
 unbuffered cursor) with the scope rule composed from the room's SQL pieces (``scope_text``), and
-each value classified (and with ``deep`` decrypted) by the same scheme as on PostgreSQL. The whole
+each value classified (and with ``deep`` decrypted) by the same scheme as on PostgreSQL; what the
+rows read and the facts a scheme counts (``counted_facts``) are the scheme's SQL, composed of the
+room's pieces as on PostgreSQL. The whole
 inventory reads one consistent snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``).
 Counts and locations only, never a value; nothing is written.
 
@@ -15,7 +17,7 @@ row is read, which costs time, not correctness.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -32,7 +34,6 @@ from ...inventory import Inventory, TargetInventory, bind_for_inventory, capacit
 from ...keyring import Keyring
 from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
-from ...schemes.transit import TransitScheme, transit_version_or_none
 from ...scope_text import exclusion_rule, scope_condition
 from ...targets import Column
 from .bookkeeping import last_conflicts_mysql
@@ -81,18 +82,6 @@ def inventory_on_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyri
     return result
 
 
-def read_list(scheme: Scheme, alias: str | None = ALIAS) -> list[str]:
-    """What ``scheme.inspect`` reads per row, in MySQL: fpc1 the tenant and every column as text,
-    the others the key version (or NULL) and every column as stored (bytes of a binary column)."""
-    t = scheme.target.settings
-    cols = [ops.column(c.name, alias) for c in scheme.target.columns]
-    if t.format == "fpc1":
-        tenant = ops.text_of(ops.column(t.tenant, alias)) if t.tenant else "NULL"
-        return [tenant, *(ops.text_of(c) for c in cols)]
-    kv = scheme.target.key_version
-    return [ops.column(kv.name, alias) if kv is not None else "NULL", *cols]
-
-
 def _stream(conn: MySqlConnection, statement: str) -> Iterator[tuple[Any, ...]]:
     cursor = conn.cursor(SSCursor)
     try:
@@ -112,22 +101,21 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
     rule = exclusion_rule(t, tenant, ops, ALIAS)
     # Where PostgreSQL counts a row's key in SQL, an out-of-scope row whose key is NULL while it
     # holds a value is UNKNOWN, not EXCLUDED: what it is under cannot be told (inventory.py).
-    keyed_rows = scheme.value_keys_sql(ALIAS) is not None
+    keyed_rows = scheme.value_keys_sql(ops, ALIAS) is not None
     n_cols = len(target.columns)
-    facts = counted_facts(scheme)
-    if facts is None:
-        # Counted in SQL by the scheme on PostgreSQL, and not known here: closed rather than guessed.
-        inv.block(f"format {t.format}: its inventory facts are not available on MySQL / MariaDB yet (issue 32)")
-        return inv
+    # Facts the scheme counts over the in-scope rows, in the same SQL as on PostgreSQL: one
+    # column each, before the values.
+    facts = scheme.counted_facts(ops, ALIAS) if isinstance(scheme, InventoryFacts) else {}
     if isinstance(scheme, InventoryFacts):
         inv.extra.update(scheme.inventory_facts())
     inv.extra.update(dict.fromkeys(facts, 0))
-    for row in _stream(conn, f"SELECT {rule}, {', '.join(read_list(scheme))} FROM {rel}"):
-        excluded_by, values = row[0], row[1:]
+    holds = [f"({condition}) IS TRUE" for condition in facts.values()]
+    n_facts = len(holds)
+    for row in _stream(conn, f"SELECT {', '.join([rule, *holds, *scheme.read_list(ops, ALIAS)])} FROM {rel}"):
+        excluded_by, values = row[0], row[1 + n_facts:]
         if excluded_by is None:
-            for fact, holds in facts.items():
-                if holds(values):
-                    inv.extra[fact] += 1
+            for fact, held in zip(facts, row[1:1 + n_facts]):
+                inv.extra[fact] += int(held)
         for value, failed in scheme.inspect(values, deep and excluded_by is None):
             if excluded_by is not None and keyed_rows and value.key is None \
                     and any(v is not None for v in values[-n_cols:]):
@@ -141,28 +129,6 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
     # fpc1: the CONFLICTs the last runs recorded in the server's pinrotate.conflicts
     return conclude_target(inv, scheme, lambda: last_conflicts_mysql(conn, t.name, tenant=tenant),
                            lambda: capacity_blocker(conn, scheme, tenant))
-
-
-def counted_facts(scheme: Scheme) -> dict[str, Callable[[Sequence[Any]], bool]] | None:
-    """The facts a scheme counts over the in-scope rows (``InventoryFacts.counted_facts``, SQL on
-    PostgreSQL), as tests of one row read by ``read_list`` (key version, values...); None when a
-    fact is not known here (the target is then BLOCKED, never reported without it)."""
-    if not isinstance(scheme, InventoryFacts):
-        return {}
-    wanted = set(scheme.counted_facts(ALIAS))
-    known: dict[str, Callable[[Sequence[Any]], bool]] = {}
-    if isinstance(scheme, TransitScheme):
-        current = scheme.current
-
-        def behind_key_version(row: Sequence[Any]) -> bool:
-            """Its key-version column says current while a value is older: the drain would not take it."""
-            versions = [v for v in (transit_version_or_none(x) for x in row[1:]) if v is not None]
-            return row[0] is not None and int(row[0]) >= current and bool(versions) and min(versions) < current
-
-        known["transit_rows_behind_key_version"] = behind_key_version
-    if not wanted <= set(known):
-        return None
-    return {name: known[name] for name in sorted(wanted)}
 
 
 def capacity_blocker(conn: MySqlConnection, scheme: Scheme, tenant: str | None = None) -> str | None:

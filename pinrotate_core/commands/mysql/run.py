@@ -64,7 +64,7 @@ from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
 from ...schemes.registry import build_scheme
 from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
-from .inventory import capacity_blocker, read_list
+from .inventory import capacity_blocker
 from .selection import ALIAS, batches, count_backlog, read_batch, stale_where
 from .targets import read_table, resolve_mysql_target
 
@@ -293,7 +293,7 @@ def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tupl
     """Re-read rows this run committed and decrypt every value (as ``inventory --deep`` does)."""
     t = scheme.target.settings
     idcol = ops.column(t.id, ALIAS)
-    statement = (f"SELECT {idcol}, {', '.join(read_list(scheme))} FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
+    statement = (f"SELECT {idcol}, {', '.join(scheme.read_list(ops, ALIAS))} FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
                  f" WHERE {idcol} IN ({', '.join(['%s'] * len(ids))})")
     try:
         with mysql_connect.raw_connection(engine) as conn, conn.cursor() as cur:

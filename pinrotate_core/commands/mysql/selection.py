@@ -1,9 +1,8 @@
 """Which rows a MySQL / MariaDB run reads, and how its backlog splits into shards (``.run``'s
 selection, as ``drain.selection`` and ``drain.shards`` are on PostgreSQL).
 
-The rows a run may write are in scope and, where the row names its key, on an older one
-(``stale_where``); a ``vault-transit`` row without a key version column is chosen by the lowest
-``vault:vN:`` version among its values. Batches are keyset batches in id order, read without locks
+The rows a run may write are in scope and stale by the scheme's own ``stale_condition``, the
+same SQL as on PostgreSQL composed of MySQL's pieces (``stale_where``). Batches are keyset batches in id order, read without locks
 (``batches``). Shards: the backlog is counted exactly in one unbuffered pass in id order (there is
 no ``reltuples`` or ``TABLESAMPLE``), keeping the cumulative count at most ``SAMPLE_ROWS`` points;
 the bounds are the ids at equal shares of it.
@@ -26,49 +25,18 @@ from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
 from ...schemes.base import Scheme
-from ...schemes.transit import PREFIX as TRANSIT_PREFIX
-from ...schemes.transit import TRANSIT_VALUE_PATTERN
 from ...scope_text import scope_condition
-from .inventory import FETCH_ROWS, read_list
+from .inventory import FETCH_ROWS
 
 ALIAS = "t"
-# Above any version Transit writes (at most 10 digits): the lowest version of a row with no Transit value.
-NO_VERSION = 99_999_999_999
 BACKLOG = ("HISTORICAL", "LEGACY")  # what a drain moves (as the inventory counts it)
 
 
 def stale_where(scheme: Scheme, tenant: str | None) -> str:
-    """The rows a run may write: in scope and, where the row names its key (``aesgcm``, and
-    ``vault-transit`` with a key-version column), on an older one (``<``: never a row on a newer
-    key, never a NULL version), as the scheme's ``stale_condition`` says on PostgreSQL;
-    ``vault-transit`` without one: the lowest ``vault:v<N>:`` version among the row's values.
-    ``fpc1`` values are decided one by one by the plan."""
-    t = scheme.target.settings
-    kv = scheme.target.key_version
-    scope = scope_condition(t, tenant, ops, ALIAS)
-    if t.format == "fpc1":
-        return scope
-    if kv is not None:
-        return f"({scope} AND {ops.column(kv.name, ALIAS)} < {int(scheme.current_key)})"
-    if t.format == "vault-transit":
-        return f"({scope} AND {transit_lowest_version(scheme)} < {int(scheme.current_key)})"
-    return scope
-
-
-def transit_version(column: str) -> str:
-    """The version ``N`` a stored value names when the whole value is ``vault:v<N>:<base64>``
-    (``TRANSIT_VALUE_PATTERN``, exact bytes), else NULL: ``transit.version_sql`` in MySQL."""
-    col = ops.column(column, ALIAS)
-    return (f"(CASE WHEN {ops.regex_match(col, ops.text_literal(TRANSIT_VALUE_PATTERN))}"
-            f" THEN CAST(SUBSTRING_INDEX(SUBSTRING({ops.text_of(col)}, {len(TRANSIT_PREFIX) + 1}), ':', 1)"
-            " AS UNSIGNED) END)")
-
-
-def transit_lowest_version(scheme: Scheme) -> str:
-    """The lowest version among a row's values; ``NO_VERSION`` when none is a Transit value (MySQL's
-    LEAST is NULL as soon as one argument is, where PostgreSQL's skips NULLs)."""
-    parts = [f"COALESCE({transit_version(c.name)}, {NO_VERSION})" for c in scheme.target.columns]
-    return parts[0] if len(parts) == 1 else f"LEAST({', '.join(parts)})"
+    """The rows a run may write: in scope and stale by the scheme's ``stale_condition``, the same
+    SQL as on PostgreSQL composed of MySQL's pieces (``fpc1``: a pre-filter; the plan decides each value)."""
+    return (f"({scope_condition(scheme.target.settings, tenant, ops, ALIAS)}"
+            f" AND {scheme.stale_condition(ops, ALIAS)})")
 
 
 def select_batch(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int | None,
@@ -77,7 +45,7 @@ def select_batch(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int
     t = scheme.target.settings
     idcol = ops.column(t.id, ALIAS)
     conds, params = ops.keyset(idcol, lo, hi)
-    statement = ops.next_batch([idcol, *(read_list(scheme) if columns is None else columns)],
+    statement = ops.next_batch([idcol, *(scheme.read_list(ops, ALIAS) if columns is None else columns)],
                                ops.relation(t.schema_name, t.table_name, ALIAS), [stale_where(scheme, tenant), *conds],
                                idcol)
     if size is None:

@@ -27,14 +27,30 @@ class Operations(Protocol):
     def text_of(self, expr: str) -> str:
         """``expr`` as text (``expr::text`` / ``CAST(expr AS CHAR)``)."""
 
-    def regex_match(self, expr: str, pattern_sql: str) -> str:
-        """True when text ``expr`` matches the regular expression ``pattern_sql`` (a placeholder or literal)."""
+    def regex_match(self, expr: str, pattern: str) -> str:
+        """True when text ``expr`` matches the regular expression ``pattern`` (inlined), case and
+        all; a final ``$`` is the end of the text, never before a final newline. Patterns keep to
+        what PostgreSQL's, PCRE (MariaDB) and ICU (MySQL 8) read alike: classes, anchors, counts,
+        groups."""
 
     def text_literal(self, text: str) -> str:
         """A text constant inlined as hex, safe in statements with and without bound parameters."""
 
     def binary_literal(self, blob: bytes) -> str:
         """A binary constant (``'\\x..'::bytea`` / ``X'..'``)."""
+
+    def to_int(self, expr: str) -> str:
+        """``expr`` as a 64-bit integer (``::int8`` / ``CAST(.. AS SIGNED)``)."""
+
+    def value_text(self, expr: str, type_name: str) -> str:
+        """A stored value of a column of ``type_name`` as text: a binary column's bytes as the
+        characters they are (PostgreSQL ``bytea``: escaped where not ASCII, so a pattern fails)."""
+
+    def starts_with(self, text_expr: str, prefix: str) -> str:
+        """Text ``text_expr`` begins with ``prefix``, byte for byte (no collation folds case)."""
+
+    def before_first(self, text_expr: str, separator: str) -> str:
+        """The part of ``text_expr`` before the first ``separator`` (all of it when there is none)."""
 
     def null_safe_equal(self, left: str, right: str) -> str:
         """Equal, NULL equal to NULL (``IS NOT DISTINCT FROM`` / ``<=>``)."""

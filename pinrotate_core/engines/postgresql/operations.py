@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from psycopg import sql
+
 from ..base.operations import StandardClauses
 
 # Text a plain literal holds as it is, whatever standard_conforming_strings says, and where no
@@ -29,8 +31,9 @@ class PostgresOperations(StandardClauses):
     def text_of(self, expr: str) -> str:
         return f"({expr})::text"
 
-    def regex_match(self, expr: str, pattern_sql: str) -> str:
-        return f"({expr}) ~ {pattern_sql}"
+    def regex_match(self, expr: str, pattern: str) -> str:
+        # ~ reads '$' as the end of the text (no newline-sensitive mode).
+        return f"({expr}) ~ {self.text_literal(pattern)}"
 
     def text_literal(self, text: str) -> str:
         # A plain literal is a constant (the scope rule's words and pattern, in every batch's read);
@@ -42,6 +45,20 @@ class PostgresOperations(StandardClauses):
 
     def binary_literal(self, blob: bytes) -> str:
         return f"decode('{blob.hex()}', 'hex')"
+
+    def to_int(self, expr: str) -> str:
+        return f"({expr})::int8"
+
+    def value_text(self, expr: str, type_name: str) -> str:
+        # 'escape' keeps ASCII as it is and escapes anything else (which then fails a pattern);
+        # ::text would write a bytea as '\x..' hex.
+        return f"encode({expr}, 'escape')" if type_name == "bytea" else self.text_of(expr)
+
+    def starts_with(self, text_expr: str, prefix: str) -> str:
+        return f"starts_with({text_expr}, {self.text_literal(prefix)})"
+
+    def before_first(self, text_expr: str, separator: str) -> str:
+        return f"split_part({text_expr}, {self.text_literal(separator)}, 1)"
 
     def null_safe_equal(self, left: str, right: str) -> str:
         return f"{left} IS NOT DISTINCT FROM {right}"
@@ -58,3 +75,13 @@ class PostgresOperations(StandardClauses):
 
 
 OPERATIONS = PostgresOperations()
+
+
+def composable(text: str) -> sql.Composable:
+    """Text composed of these pieces as psycopg's ``sql.Identifier`` would have written its names,
+    for statements that compose it with psycopg: the pieces double a '%' in a quoted name (for
+    statements that always run with parameters); psycopg's compositions run with and without them,
+    as ``sql.Identifier`` names did (a name with a '%' is BLOCKED for a run, whose statements bind
+    parameters; an inventory or a gate reads it). Nothing else of the text holds a '%': a literal
+    that would is inlined as hex."""
+    return sql.SQL(text.replace("%%", "%"))
