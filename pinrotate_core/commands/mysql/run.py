@@ -17,8 +17,9 @@ value verified by decrypting it before it is planned); the write is one transact
 server stored is read back and compared before COMMIT (a difference rolls the batch back and stops
 the target, exit 4). Between batches, never holding a row: the stop (a cancellation, SIGTERM,
 Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the
-operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
-of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
+operator's Variable). ``fpc1`` first decrypts every stale value of the whole target once, every
+tenant and every shard's ids (the pre-pass of ``drain.fpc1_precheck``): a key any value of which
+fails is held back for the whole run.
 
 Which rows are read, and the shards' plan: ``.selection``.
 
@@ -65,7 +66,7 @@ from ...schemes.registry import build_scheme
 from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
 from .inventory import capacity_blocker
-from .selection import ALIAS, batches, count_backlog, read_batch, stale_where
+from .selection import ALIAS, count_backlog, read_batch, stale_rows, stale_where
 from .targets import read_table, resolve_mysql_target
 
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
@@ -94,20 +95,25 @@ def resolve_targets(conn: MySqlConnection, settings: Settings, targets: Sequence
     return schemes
 
 
-def _precheck(conn: MySqlConnection, scheme: HoldsFailingKeys, base: Scheme, tenant: str | None,
-              size: int, result: DrainResult, id_range: tuple[Any, Any]) -> None:
-    """fpc1: decrypt every in-scope value once; hold back each key one of whose values fails."""
+def _precheck(conn: MySqlConnection, scheme: HoldsFailingKeys, base: Scheme, result: DrainResult,
+              id_range: tuple[Any, Any], run_id: str = "") -> None:
+    """fpc1: decrypt every stale value of the WHOLE target once (every tenant, every shard's ids, as
+    ``drain.fpc1_precheck`` does on PostgreSQL): hold back each key one of whose values fails, and
+    list the failing rows of this drain's own ``id_range``. A shard or a ``--tenant`` run whose own
+    values all pass must still rewrite nothing under a key that fails elsewhere: the wrong key's
+    values that happen to pass the padding would be rewritten as garbage."""
     failing: dict[str, int] = {}
-    for rows in batches(conn, base, tenant, size, id_range):
-        for row in rows:
-            found = scheme.failing_values(row[2:])
-            for _, key in found:
-                failing[key] = failing.get(key, 0) + 1
-            if found:
-                result.failed.append(FailedRow(result.target, str(row[0]), tuple(label for label, _ in found),
-                                               DECRYPT_FAILED))
+    for row in stale_rows(conn, base, id_range):
+        found = scheme.failing_values(row[3:])
+        for _, key in found:
+            failing[key] = failing.get(key, 0) + 1
+        if found and row[1]:
+            result.failed.append(FailedRow(result.target, str(row[0]), tuple(label for label, _ in found),
+                                           DECRYPT_FAILED))
     if failing:
         scheme.hold(failing)
+        for key, n in sorted(failing.items()):
+            log_event("key_held", level=30, run_id=run_id or None, target=result.target, key=key, failing_values=n)
 
 
 def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResult:
@@ -193,7 +199,7 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
     guard = MySqlCasGuard(table, t.id, [*ciphers, *([kv.name] if kv else [])],
                           stale_where=stale_where(scheme, tenant))
     if isinstance(scheme, HoldsFailingKeys):
-        _precheck(conn, scheme, scheme, tenant, options.batch_size, result, options.id_range)
+        _precheck(conn, scheme, scheme, result, options.id_range, options.run_id)
     known_failed = {f.id for f in result.failed}
     lo, hi = options.id_range
     batch_no = 0

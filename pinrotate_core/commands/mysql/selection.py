@@ -2,8 +2,9 @@
 selection, as ``drain.selection`` and ``drain.shards`` are on PostgreSQL).
 
 The rows a run may write are in scope and stale by the scheme's own ``stale_condition``, the
-same SQL as on PostgreSQL composed of MySQL's pieces (``stale_where``). Batches are keyset batches in id order, read without locks
-(``batches``). Shards: the backlog is counted exactly in one unbuffered pass in id order (there is
+same SQL as on PostgreSQL composed of MySQL's pieces (``stale_where``). Batches are keyset
+batches in id order, read without locks (``read_batch``); ``fpc1``'s pre-pass reads the stale rows
+of the whole target (``stale_rows``). Shards: the backlog is counted exactly in one unbuffered pass in id order (there is
 no ``reltuples`` or ``TABLESAMPLE``), keeping the cumulative count at most ``SAMPLE_ROWS`` points;
 the bounds are the ids at equal shares of it.
 """
@@ -53,18 +54,6 @@ def select_batch(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int
     return statement, (*params, size)
 
 
-def batches(conn: MySqlConnection, scheme: Scheme, tenant: str | None, size: int,
-          id_range: tuple[Any, Any] = (None, None)) -> Iterator[list[tuple[Any, ...]]]:
-    """Every in-scope row of ``id_range`` in id order, batch by batch (each a list of ``(id, *read_list)``)."""
-    lo, hi = id_range
-    while True:
-        rows = read_batch(conn, scheme, tenant, lo, hi, size)
-        if not rows:
-            return
-        lo = rows[-1][0]
-        yield rows
-
-
 def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: Any, hi: Any,
                size: int) -> list[tuple[Any, ...]]:
     """The next batch of in-scope rows after id ``lo`` (up to ``hi``): ``(id, *read_list)`` each."""
@@ -72,6 +61,24 @@ def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: An
     with conn.cursor() as cur:
         cur.execute(statement, params)
         return [tuple(r) for r in cur.fetchall()]
+
+
+def stale_rows(conn: MySqlConnection, scheme: Scheme, id_range: tuple[Any, Any]) -> Iterator[tuple[Any, ...]]:
+    """Every stale row of the whole target, every tenant and every id, in one unbuffered pass:
+    ``(id, in id_range, *read_list)`` (the range told by the server: its order is the id's)."""
+    t = scheme.target.settings
+    idcol = ops.column(t.id, ALIAS)
+    conds, params = ops.keyset(idcol, *id_range)
+    in_range = " AND ".join(f"({c})" for c in conds) or "TRUE"
+    statement = (f"SELECT {idcol}, ({in_range}), {', '.join(scheme.read_list(ops, ALIAS))}"
+                 f" FROM {ops.relation(t.schema_name, t.table_name, ALIAS)} WHERE {stale_where(scheme, None)}")
+    cursor = conn.cursor(SSCursor)
+    try:
+        cursor.execute(statement, tuple(params))
+        while rows := cursor.fetchmany(FETCH_ROWS):
+            yield from rows
+    finally:
+        cursor.close()
 
 
 def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
