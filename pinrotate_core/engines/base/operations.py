@@ -71,7 +71,18 @@ class Operations(Protocol):
 
 
 class StandardClauses:
-    """The keyset and batch clauses: standard SQL, the same text on every engine."""
+    """What is standard SQL over an engine's ``quote``: names, the keyset and batch clauses, the
+    same text on every engine."""
+
+    def quote(self, name: str) -> str:
+        raise NotImplementedError
+
+    def relation(self, schema: str | None, table: str, alias: str | None = None) -> str:
+        rel = f"{self.quote(schema)}.{self.quote(table)}" if schema else self.quote(table)
+        return f"{rel} AS {self.quote(alias)}" if alias else rel
+
+    def column(self, name: str, alias: str | None = None) -> str:
+        return f"{self.quote(alias)}.{self.quote(name)}" if alias else self.quote(name)
 
     def keyset(self, id_expr: str, lo: Any, hi: Any) -> tuple[list[str], list[Any]]:
         conds: list[str] = []

@@ -12,13 +12,6 @@ class MySqlOperations(StandardClauses):
             raise ValueError("an identifier is empty or holds a NUL character")
         return ("`" + name.replace("`", "``") + "`").replace("%", "%%")
 
-    def relation(self, schema: str | None, table: str, alias: str | None = None) -> str:
-        rel = f"{self.quote(schema)}.{self.quote(table)}" if schema else self.quote(table)
-        return f"{rel} AS {self.quote(alias)}" if alias else rel
-
-    def column(self, name: str, alias: str | None = None) -> str:
-        return f"{self.quote(alias)}.{self.quote(name)}" if alias else self.quote(name)
-
     def text_of(self, expr: str) -> str:
         # utf8mb4 explicitly: a latin1 or binary column compares as the characters it holds.
         return f"CONVERT({expr} USING utf8mb4)"

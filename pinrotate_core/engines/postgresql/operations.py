@@ -21,13 +21,6 @@ class PostgresOperations(StandardClauses):
             raise ValueError("an identifier is empty or holds a NUL character")
         return ('"' + name.replace('"', '""') + '"').replace("%", "%%")  # as psycopg's sql.Identifier renders it
 
-    def relation(self, schema: str | None, table: str, alias: str | None = None) -> str:
-        rel = f"{self.quote(schema)}.{self.quote(table)}" if schema else self.quote(table)
-        return f"{rel} AS {self.quote(alias)}" if alias else rel
-
-    def column(self, name: str, alias: str | None = None) -> str:
-        return f"{self.quote(alias)}.{self.quote(name)}" if alias else self.quote(name)
-
     def text_of(self, expr: str) -> str:
         return f"({expr})::text"
 
