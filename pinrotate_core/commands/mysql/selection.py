@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from pymysql.cursors import SSCursor
 
 from ...config import TargetSettings
+from ...drain.counting import CountsStaleValues
 from ...drain.options import DrainOptions
 from ...drain.shards import MIN_BATCHES_PER_SHARD, SAMPLE_ROWS, Shard
 from ...engines.mysql import connect as mysql_connect
@@ -30,7 +31,6 @@ from ...scope_text import scope_condition
 from .inventory import FETCH_ROWS
 
 ALIAS = "t"
-BACKLOG = ("HISTORICAL", "LEGACY")  # what a drain moves (as the inventory counts it)
 
 
 def stale_where(scheme: Scheme, tenant: str | None) -> str:
@@ -84,18 +84,23 @@ def stale_rows(conn: MySqlConnection, scheme: Scheme, id_range: tuple[Any, Any])
 def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
                   id_range: tuple[Any, Any]) -> Iterator[tuple[Any, int]]:
     """``(id, units to move)`` of every stale row of ``id_range`` holding any, in id order: one
-    unbuffered pass, classified as the inventory classifies (no decryption). A unit is a value for
-    a scheme whose reports count values (``fpc1``), else the row (``aesgcm``, ``vault-transit``:
-    a Transit row with two values on an old version is one row to move, as the drain reports it)."""
-    statement, params = select_batch(scheme, tenant, *id_range, None)
+    unbuffered pass, counted as PostgreSQL's ``drain.counting`` counts: a row the scheme's
+    ``stale_condition`` selects is one unit, or, for a scheme whose reports count values (``fpc1``),
+    each value it calls stale (UNKNOWN_KEY included: not on the current key, and no run moves it)."""
+    values: CountsStaleValues | None = None
+    if scheme.counts_values:
+        if not isinstance(scheme, CountsStaleValues):
+            raise TypeError(f"scheme {scheme.name} counts values but cannot count a row's stale values")
+        values = scheme
+    statement, params = select_batch(scheme, tenant, *id_range, None, None if values is not None else ())
     cursor = conn.cursor(SSCursor)
     try:
         cursor.execute(statement, params)
         while rows := cursor.fetchmany(FETCH_ROWS):
             for row in rows:
-                n = sum(1 for value, _ in scheme.inspect(row[1:], False) if value.category in BACKLOG)
+                n = 1 if values is None else values.stale_values(row[1:])
                 if n:
-                    yield row[0], n if scheme.counts_values else 1
+                    yield row[0], n
     finally:
         cursor.close()
 
