@@ -14,10 +14,11 @@ value verified by decrypting it before it is planned); the write is one transact
 ``job.lock_timeout``) through the room's ``MySqlCasGuard``: rows the application holds are skipped
 (``SKIP LOCKED``, never waited on), a row whose values are no longer the ones read is not written
 (CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
-server stored is read back and compared before COMMIT (a difference rolls the batch back and stops
-the target, exit 4). Between batches, never holding a row: the stop (a cancellation, SIGTERM,
-Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the
-operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
+server stored is read back and compared before COMMIT (a row that stored something else, a
+trigger's doing, rolls the batch back and is FAILED, ``not_stored``: the batch is written again
+without it, as on PostgreSQL). Between batches, never holding a row: the stop (a cancellation,
+SIGTERM, Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag,
+the operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
 of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
 Which rows are read, and the shards' plan: ``.selection``.
@@ -54,13 +55,13 @@ from ...drain.results import (
 )
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
-from ...engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
+from ...engines.mysql.guard import CasOutcome, CasRow, MySqlCasGuard, batch_transaction
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...engines.mysql.signals import drain_session
 from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
 from ...keyring import Keyring
 from ...log import log_event
-from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
+from ...schemes.base import DECRYPT_FAILED, NOT_STORED, FailedRow, Scheme
 from ...schemes.registry import build_scheme
 from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
@@ -227,22 +228,26 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 read = {row[0]: row for row in rows}
                 new: dict[Any, list[Any]] = {}
                 weight: dict[Any, int] = {}
+                written_columns: dict[Any, list[str]] = {}
                 for w in plan.writes:
                     for j, row_id in enumerate(w.ids):
                         values = new.setdefault(row_id, list(read[row_id][2:]))
                         for k, column in enumerate(w.columns):
                             values[column] = w.new[k][j]
+                            written_columns.setdefault(row_id, []).append(ciphers[column])
                         weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
                 current = [int(scheme.current_key)] if kv else []
                 cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
                        for row_id, values in new.items()]
                 # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
                 with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
-                    with batch_transaction(conn, options.lock_timeout, options.statement_timeout,
-                                           options.idle_timeout):
-                        outcome = guard.write(conn, cas)
-                        if outcome.mismatched:
-                            raise _Mismatch(len(outcome.mismatched))
+                    outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
+                    for row_id in not_stored:  # left as it was, whole: FAILED, as on PostgreSQL
+                        failed = FailedRow(t.name, str(row_id), tuple(dict.fromkeys(written_columns[row_id])),
+                                           NOT_STORED)
+                        plan.failed.append(failed)
+                        result.failed.append(failed)
+                        known_failed.add(failed.id)
                     moved = sum(weight[i] for i in outcome.written)
                     tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
                                           (f.reason for f in plan.failed))
@@ -259,9 +264,6 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 if options.throttle is not None:  # read-to-commit time feeds the batch sizer
                     options.throttle.batch_done(time.perf_counter() - started, len(rows))
             _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
-    except _Mismatch as e:
-        result.stopped, result.error = STOP_DB_ERROR, (f"{e.rows} row(s) read back differently from what was "
-                                                       "written (a trigger or a truncation?): the batch was rolled back")
     except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
         result.stopped, result.error = STOP_THROTTLE_CRITICAL, str(e)
     except KeyUnavailable as e:
@@ -274,6 +276,28 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
     if result.stopped in (STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL):
         log_event("batch_failed", level=40, run_id=options.run_id or None, target=t.name, worker=0,
                   reason=result.stopped, error=result.error)
+
+
+def _write_stored(conn: MySqlConnection, guard: MySqlCasGuard, rows: Sequence[CasRow], options: DrainOptions,
+                  target: str) -> tuple[CasOutcome, list[Any]]:
+    """One batch transaction, committed only when every row written stored exactly the value
+    written. A row that stored something else (a BEFORE UPDATE trigger kept or changed it, a lax
+    server cut it) rolls the batch back, and the batch is written again without it (each try
+    leaves out at least one more row): the outcome of the try that committed, and the ids left out."""
+    left_out: list[Any] = []
+    while True:
+        try:
+            with batch_transaction(conn, options.lock_timeout, options.statement_timeout, options.idle_timeout):
+                outcome = guard.write(conn, rows)
+                if outcome.mismatched:
+                    raise _Mismatch(outcome.mismatched)
+            return outcome, left_out
+        except _Mismatch as e:  # rolled back
+            dropped = set(e.ids)
+            left_out += e.ids
+            rows = [r for r in rows if r.row_id not in dropped]
+            log_event("batch_write_retried", level=30, run_id=options.run_id or None, target=target,
+                      reason="the database stored another value than the one written", rows=len(e.ids))
 
 
 def _record(options: DrainOptions, target: str, batch_no: int, rows: int, moved: int, failed: int, conflicts: int,
@@ -306,6 +330,8 @@ def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tupl
 
 
 class _Mismatch(Exception):
-    def __init__(self, rows: int) -> None:
-        super().__init__(rows)
-        self.rows = rows
+    """Rows whose stored value is not the one written: the batch transaction rolls back."""
+
+    def __init__(self, ids: Sequence[Any]) -> None:
+        super().__init__(len(ids))
+        self.ids = list(ids)
