@@ -2,17 +2,20 @@
 tests/test_drain_stored.py, their bodies run on MariaDB through a ``PeopleDb`` of this module. A
 BEFORE UPDATE trigger that keeps a field's old value makes that row FAILED (``not_stored``), left
 as it was, while the batch's other rows stand; a generated cipher or key-version column is
-BLOCKED at the start (MariaDB has no identity columns: AUTO_INCREMENT is writable).
+BLOCKED at the start (MariaDB has no identity columns: AUTO_INCREMENT is writable); a connection
+lost during a batch's COMMIT is reported as an unknown outcome, never as rolled back.
 
-The machine's MariaDB, a fresh database per test. Keys are random TEST keys; Forge values are made
-and read back by tests/mysql_contract/codecs.py.
+The machine's MariaDB, a fresh database per test; the COMMIT test only on a mariadbd of its own
+(a binary log and semi-synchronous replication switched on by a trigger: server settings).
+Keys are random TEST keys; Forge values are made and read back by tests/mysql_contract/codecs.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import pytest
 from pinrotate_core.config import settings_from_mapping
 from pinrotate_core.forge_discovery import with_forge_targets
 from tests import test_drain_stored as stored
-from tests.mariadb_server import MariaDbServer
+from tests.mariadb_server import MariaDbServer, start_own_server
 from tests.mysql_contract.codecs import forge_reads
 from tests.mysql_contract.forge_data import install_forge
 
@@ -57,10 +60,49 @@ class MariaDbPeopleDb:
         self.execute(f"CREATE TRIGGER {column}_is_immutable BEFORE UPDATE ON {table} FOR EACH ROW"
                      f" BEGIN IF {condition} THEN SET NEW.{column} = OLD.{column}; END IF; END")
 
+    @contextlib.contextmanager
+    def commit_lost_at_row(self, row_id: int) -> Iterator[None]:
+        # The batch's UPDATE of the row turns semi-synchronous replication on (an AFTER UPDATE
+        # trigger), so that its COMMIT waits for a replica's acknowledgement that never comes (the
+        # server has none): the drain's connection is killed while it waits. MariaDB waits after
+        # the engine's commit (rpl_semi_sync_master_wait_point = AFTER_COMMIT): the batch is in fact
+        # committed, which the drain cannot know.
+        assert self.server.owned, "SET GLOBAL: only on a mariadbd of the test's own"
+        self.execute("CREATE TRIGGER slow_commit AFTER UPDATE ON people FOR EACH ROW BEGIN"
+                     f" IF NEW.id = {int(row_id)} THEN SET GLOBAL rpl_semi_sync_master_enabled = ON; END IF; END")
+
+        def kill_the_commit() -> None:
+            with contextlib.closing(self.server.connect()) as admin, admin.cursor() as cur:
+                deadline = time.monotonic() + 60
+                while True:
+                    cur.execute("SELECT ID FROM information_schema.PROCESSLIST"
+                                " WHERE STATE LIKE 'Waiting for semi-sync ACK%'")
+                    waiting = [int(r[0]) for r in cur.fetchall()]
+                    if waiting:
+                        cur.execute(f"KILL CONNECTION {waiting[0]}")
+                        return
+                    assert time.monotonic() < deadline, "the drain's COMMIT never waited for the acknowledgement"
+                    time.sleep(0.02)
+
+        try:
+            with stored.in_a_thread(kill_the_commit):
+                yield
+        finally:
+            self.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+
 
 @pytest.fixture
 def people(mariadb: MariaDbServer, mysql_database: str) -> stored.PeopleDb:
     return MariaDbPeopleDb(mariadb, mysql_database)
+
+
+@pytest.fixture(scope="module")
+def semi_sync_server() -> Iterator[MariaDbServer]:
+    server = start_own_server(extra_args=["--log-bin=binlog", "--server-id=1", "--rpl-semi-sync-master-timeout=60000"])
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_a_trigger_keeping_the_old_value_fails_its_rows_the_others_stand_and_no_gate_opens_on_mariadb(
@@ -73,6 +115,17 @@ def test_a_generated_cipher_or_key_version_column_is_blocked_at_the_start_on_mar
         people: stored.PeopleDb, keys_file: Path, column: str) -> None:
     stored.test_a_generated_or_identity_always_cipher_or_key_version_column_is_blocked_at_the_start(
         people, keys_file, column, "generated")
+
+
+def test_a_connection_lost_during_commit_is_reported_as_unknown_not_rolled_back_and_the_backlog_recounted_on_mariadb(
+        semi_sync_server: MariaDbServer, keys_file: Path) -> None:
+    with semi_sync_server.fresh_database() as database:
+        people = MariaDbPeopleDb(semi_sync_server, database)
+        stored.test_a_connection_lost_during_commit_is_reported_as_unknown_not_rolled_back_and_the_backlog_recounted(
+            people, keys_file)
+        # Here the lost COMMIT did commit (MariaDB waits for the acknowledgement after it): the
+        # batches of rows 1-64 and 65-128 are on key 2, which only a recount could tell.
+        assert people.rows("SELECT count(*) FROM people WHERE key_version <> 2") == [(stored.ROWS - 128,)]
 
 
 def test_fpc1_a_trigger_keeping_the_old_value_fails_that_row_and_the_others_move_on_mariadb(

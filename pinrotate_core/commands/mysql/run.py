@@ -16,9 +16,11 @@ value verified by decrypting it before it is planned); the write is one transact
 (CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
 server stored is read back and compared before COMMIT (a row that stored something else, a
 trigger's doing, rolls the batch back and is FAILED, ``not_stored``: the batch is written again
-without it, as on PostgreSQL). Between batches, never holding a row: the stop (a cancellation,
-SIGTERM, Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag,
-the operator's Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
+without it, as on PostgreSQL); a connection lost during the COMMIT itself is an unknown outcome,
+never reported as rolled back (``CommitUnknown``), and the backlog left is recounted on a connection
+of its own. Between batches, never holding a row: the stop (a cancellation, SIGTERM, Ctrl-C), the
+deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the operator's
+Variable). ``fpc1`` first decrypts every in-scope value of the range once (the pre-pass
 of ``drain.fpc1_precheck``): a key any value of which fails is held back for the whole run.
 
 Which rows are read, and the shards' plan: ``.selection``.
@@ -34,8 +36,9 @@ run's total once every shard has ended); a failure to record is exit 4.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -51,11 +54,13 @@ from ...drain.results import (
     STOP_KEY_UNAVAILABLE,
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
+    CommitUnknown,
     DrainResult,
+    commit_unknown_note,
 )
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
-from ...engines.mysql.guard import CasOutcome, CasRow, MySqlCasGuard, batch_transaction
+from ...engines.mysql.guard import CasOutcome, CasRow, CommitOutcomeUnknown, MySqlCasGuard, batch_transaction
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...engines.mysql.signals import drain_session
 from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
@@ -128,12 +133,13 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
                       dry_run=options.dry_run or None)
             if result.backlog_before:
                 drain_target(conn, scheme, options, result)
-            if options.dry_run:
-                result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
-            else:
-                result.backlog_remaining = count_backlog(conn, scheme, options.tenant, options.id_range)
-            reached = True
-            record_conflicts(conn, scheme, result, options)
+            with _alive(engine, conn) as live:
+                if options.dry_run:
+                    result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
+                else:
+                    result.backlog_remaining = count_backlog(live, scheme, options.tenant, options.id_range)
+                reached = True
+                record_conflicts(live, scheme, result, options)
     except (pymysql.err.MySQLError, DatabaseError) as e:
         if result.stopped is None:
             result.stopped, result.retryable = STOP_DB_ERROR, True
@@ -154,6 +160,17 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
               batches=result.batches, backlog_remaining=result.backlog_remaining, stopped=result.stopped,
               duration_ms=round(result.duration_ms, 1), dry_run=options.dry_run or None)
     return result
+
+
+@contextlib.contextmanager
+def _alive(engine: sa.Engine, conn: MySqlConnection) -> Iterator[MySqlConnection]:
+    """``conn``, or a connection of its own when ``conn`` was lost (a batch whose COMMIT outcome is
+    unknown): what the drain left is counted from the database either way."""
+    if conn.open:
+        yield conn
+        return
+    with mysql_connect.raw_connection(engine) as fresh:
+        yield fresh
 
 
 def record_conflicts(conn: MySqlConnection, scheme: Scheme, result: DrainResult, options: DrainOptions) -> None:
@@ -241,7 +258,11 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                        for row_id, values in new.items()]
                 # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
                 with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
-                    outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
+                    try:
+                        outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
+                    except CommitOutcomeUnknown as e:  # never reported as rolled back
+                        raise CommitUnknown(t.name, sum(weight.values()),
+                                            mysql_connect.describe_db_error(e.cause)) from None
                     for row_id in not_stored:  # left as it was, whole: FAILED, as on PostgreSQL
                         failed = FailedRow(t.name, str(row_id), tuple(dict.fromkeys(written_columns[row_id])),
                                            NOT_STORED)
@@ -264,6 +285,9 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 if options.throttle is not None:  # read-to-commit time feeds the batch sizer
                     options.throttle.batch_done(time.perf_counter() - started, len(rows))
             _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
+    except CommitUnknown as e:  # the connection is gone: drain() recounts the backlog on another
+        result.stopped, result.error, result.retryable = STOP_DB_ERROR, str(e), True
+        result.notes.append(commit_unknown_note(e.rows))
     except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
         result.stopped, result.error = STOP_THROTTLE_CRITICAL, str(e)
     except KeyUnavailable as e:
