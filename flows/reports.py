@@ -182,14 +182,15 @@ def gate_summary(d: dict[str, Any]) -> str:
 
 def database_named(identity: dict[str, Any]) -> dict[str, Any]:
     """The database a verdict speaks of, for the gate's JSON: host, port, database name and the
-    cluster's system identifier (``pg_control_system()``); where the role may not read it, the
-    identifier is left out and ``system_identifier_omitted`` says why."""
+    server's own identifier (PostgreSQL's ``pg_control_system()``, MySQL's ``@@server_uuid``,
+    MariaDB's ``@@server_uid``); where it cannot be read, it is left out and
+    ``system_identifier_omitted`` says why."""
     out = {k: identity.get(k) for k in ("host", "port", "database", "server_version")}
     sysid = identity.get("system_identifier")
-    if isinstance(sysid, str) and sysid.isdigit():
-        out["system_identifier"] = sysid
+    if sysid:
+        out["system_identifier"] = str(sysid)
     else:
-        out["system_identifier_omitted"] = sysid or "not reported by this server"
+        out["system_identifier_omitted"] = identity.get("system_identifier_omitted") or "not reported by this server"
     return out
 
 

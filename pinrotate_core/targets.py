@@ -212,13 +212,18 @@ def _check_privileges(conn: psycopg.Connection[tuple[object, ...]], t: TargetSet
         lacking, role = pg_catalog.missing_privileges(conn, oid, wanted)
     except psycopg.Error as e:
         raise DatabaseError(f"target {t.name}: cannot read the column privileges ({type(e).__name__})") from None
+    if lacking:
+        raise TargetBlocked(t.name, lacking_privileges(role, t.table, lacking))
+
+
+def lacking_privileges(role: str, table: str, lacking: Sequence[tuple[str, str]]) -> str:
+    """The one line, on every engine, naming what ``role`` lacks on ``table``: ``lacking`` is
+    (privilege, column) pairs, said per privilege in their order."""
     missing: dict[str, list[str]] = {}
     for privilege, column in lacking:
         missing.setdefault(privilege, []).append(column)
-    if missing:
-        grants = "; ".join(f"{p} ({', '.join(cols)})" for p, cols in missing.items())
-        raise TargetBlocked(t.name, f"role {role} lacks {grants} on {t.table} "
-                                    "(python -m flows.rotate grants prints the GRANT statements)")
+    grants = "; ".join(f"{p} ({', '.join(cols)})" for p, cols in missing.items())
+    return f"role {role} lacks {grants} on {table} (python -m flows.rotate grants prints the GRANT statements)"
 
 
 def _check_row_security(conn: psycopg.Connection[tuple[object, ...]], t: TargetSettings, oid: object) -> None:

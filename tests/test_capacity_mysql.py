@@ -2,8 +2,9 @@
 value too long for its ``varchar(n)`` is not refused but silently cut to fit (a warning, no
 error), which is what a legacy MySQL configuration still does. The capacity check BLOCKS such a
 target before anything is written (inventory, run: exit 2); behind it, when the check is bypassed
-(a scheme drained directly), the write's read-back finds the cut value and the whole batch rolls
-back: nothing is ever committed shortened. The same facts as tests/test_capacity.py proves on
+(a scheme drained directly), the write's read-back finds the cut value: the batch rolls back and
+that row is FAILED (``not_stored``), left as it was, the batch written again without it: nothing
+is ever committed shortened. The same facts as tests/test_capacity.py proves on
 PostgreSQL (whose varchar refuses instead). A mariadbd of this module's own (a server setting);
 keys are random TEST keys.
 """
@@ -21,13 +22,15 @@ from pinrotate_core import rotation
 from pinrotate_core.commands.mysql.run import drain
 from pinrotate_core.commands.mysql.targets import resolve_mysql_target
 from pinrotate_core.config import Settings
-from pinrotate_core.drain import STOP_DB_ERROR, DrainOptions
+from pinrotate_core.drain import DrainOptions
 from pinrotate_core.engines.mysql import connect as mysql_connect
 from pinrotate_core.errors import ConfigError
+from pinrotate_core.schemes.base import NOT_STORED
+from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from pinrotate_core.schemes.registry import build_scheme
 from tests.mariadb_server import MariaDbServer, start_own_server
 
-from .test_fpc1_migration import K1, custom_settings, fpc1, legacy_ecb, write_keys
+from .test_fpc1_migration import K1, custom_settings, decrypt, fpc1, legacy_ecb, write_keys
 
 pytestmark = pytest.mark.xdist_group("test_capacity_mysql")
 
@@ -89,7 +92,7 @@ def test_a_target_too_narrow_is_blocked_before_anything_is_written_on_a_lax_serv
     assert _rows(lax_server, lax_database) == before
 
 
-def test_a_value_the_server_would_cut_rolls_the_batch_back_when_the_check_is_bypassed(
+def test_a_value_the_server_would_cut_is_failed_and_left_as_it_was_when_the_check_is_bypassed(
         lax_server: MariaDbServer, lax_database: str, narrow: Settings) -> None:
     settings = narrow
     before = _rows(lax_server, lax_database)
@@ -102,6 +105,8 @@ def test_a_value_the_server_would_cut_rolls_the_batch_back_when_the_check_is_byp
         result = drain(ctx.engine, scheme, DrainOptions(batch_size=100))
     finally:
         ctx.close()
-    assert result.stopped == STOP_DB_ERROR and result.reencrypted == 0, (result.stopped, result.error)
-    assert "read back differently from what was written" in (result.error or ""), result.error
-    assert _rows(lax_server, lax_database) == before  # both rows as they were: the batch rolled back whole
+    assert [(f.id, f.reason) for f in result.failed] == [("1", NOT_STORED)], (result.stopped, result.error)
+    after = _rows(lax_server, lax_database)
+    assert after[0] == before[0]  # as it was: the cut value was rolled back, never committed
+    # The batch's other row, which fits, was written again without it: on k2, read back whole.
+    assert result.reencrypted == 1 and parse_fpc1(after[1][1]).key_id == "k2" and decrypt(after[1][1]) == b"short"

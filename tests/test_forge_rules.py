@@ -4,22 +4,26 @@ Every value here is made the way Forge's encryptors make them (hutool's SmUtil.s
 ECB, PKCS#5/7, base64 of the UTF-8 bytes), by this file's own ECB code (``cryptography`` directly,
 never pinrotate's encoder), and every value pinrotate writes is read back the same independent way,
 with Forge's header rules. On real PostgreSQL, through the ``forge`` key provider (Forge's own
-bootstrap properties file).
+bootstrap properties file). Each test's body takes the database as a ``ForgeTables`` (here
+PostgreSQL's), so that tests/test_forge_rules_mysql.py runs the very same assertions on MariaDB.
 """
 
 from __future__ import annotations
 
 import base64
 import secrets
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
+import pytest
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
+from pinrotate_core.drain import DrainResult
 
 ACTIVE_1, ACTIVE_2 = secrets.token_bytes(16), secrets.token_bytes(16)
 LEGACY_KEY = secrets.token_bytes(16)
@@ -82,24 +86,75 @@ def settings(database_url: str, bootstrap_file: Path) -> Settings:
     }, env={})
 
 
-def create_tables(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("""
-        CREATE TABLE ai_report_data_connection (id bigint PRIMARY KEY, tenant_id bigint NOT NULL DEFAULT 1,
-            connection_code varchar(64), password_cipher varchar(500), del_flag char(1) NOT NULL DEFAULT '0');
-        CREATE TABLE crm_customer (id bigint PRIMARY KEY, tenant_id bigint NOT NULL DEFAULT 1,
-            name varchar(64), phone varchar(255), id_card varchar(255), del_flag char(1) NOT NULL DEFAULT '0');
-    """)
+TABLES = (
+    ("CREATE TABLE ai_report_data_connection (id bigint PRIMARY KEY, tenant_id bigint NOT NULL DEFAULT 1,"
+     " connection_code varchar(64), password_cipher varchar(500), del_flag char(1) NOT NULL DEFAULT '0')"),
+    ("CREATE TABLE crm_customer (id bigint PRIMARY KEY, tenant_id bigint NOT NULL DEFAULT 1,"
+     " name varchar(64), phone varchar(255), id_card varchar(255), del_flag char(1) NOT NULL DEFAULT '0')"),
+)
+
+# Called with the batch number and the ids of the batch: where the drain's before_write hook runs
+# on PostgreSQL (after the batch's read, before its write); the MySQL drain calls it after the batch.
+BatchHook = Callable[[int, Sequence[Any]], None]
 
 
-def column(conn: psycopg.Connection[Any], table: str, name: str) -> dict[int, str | None]:
-    return dict(conn.execute(f"SELECT id, {name} FROM {table} ORDER BY id").fetchall())  # type: ignore[arg-type]
+class ForgeTables(Protocol):
+    """Forge's two tables in a fresh database of one engine: its URL, statements with ``%s``
+    parameters (the same on both drivers), a column read back, and a drain of the first target."""
+
+    url: str
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> None: ...
+
+    def column(self, table: str, name: str) -> dict[int, str | None]: ...
+
+    def drain_first_target(self, s: Settings, after_batch: BatchHook) -> DrainResult: ...
+
+
+class PgForgeTables:
+    def __init__(self, url: str, conn: psycopg.Connection[Any]) -> None:
+        self.url, self.conn = url, conn
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self.conn.execute(statement, params)
+
+    def column(self, table: str, name: str) -> dict[int, str | None]:
+        return dict(self.conn.execute(f"SELECT id, {name} FROM {table} ORDER BY id").fetchall())
+
+    def drain_first_target(self, s: Settings, after_batch: BatchHook) -> DrainResult:
+        from pinrotate_core.db import make_engine
+        from pinrotate_core.drain import DrainOptions, drain_target
+        from pinrotate_core.providers import build_provider
+        from pinrotate_core.schemes.registry import build_scheme
+        from pinrotate_core.targets import resolve_target
+
+        keyring = build_provider(s).load_keyring()
+        engine = make_engine(self.url)
+        try:
+            with psycopg.connect(self.url) as conn:
+                target = resolve_target(conn, s.targets[0])
+            # Forge's own legacy-read-enabled decides, as rotation applies it.
+            scheme = build_scheme(target, keyring, s.keys.model_copy(update={"legacy_read_enabled": True}))
+            return drain_target(engine, scheme, DrainOptions(batch_size=3, before_write=after_batch))
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def forge_tables(database_url: str, pg_conn: psycopg.Connection[Any]) -> Iterator[ForgeTables]:
+    yield PgForgeTables(database_url, pg_conn)
+
+
+def create_tables(db: ForgeTables) -> None:
+    for statement in TABLES:
+        db.execute(statement)
 
 
 # --- the tests ----------------------------------------------------------------------------------
 
 def test_forge_values_are_counted_as_forge_counts_them_and_rotated_to_what_forge_reads(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    create_tables(pg_conn)
+        forge_tables: ForgeTables, tmp_path: Path) -> None:
+    create_tables(forge_tables)
     plain = {i: f"jdbc-pass-{i}-口令" for i in range(1, 10)}
     dc = {
         1: forge_encrypt("SM4", LEGACY_KEY, plain[1]),                      # legacy, Forge's default SM4
@@ -116,13 +171,14 @@ def test_forge_values_are_counted_as_forge_counts_them_and_rotated_to_what_forge
         12: "a plaintext an old Forge left",                               # Forge cannot read it: UNKNOWN
     }
     for i, v in dc.items():
-        pg_conn.execute("INSERT INTO ai_report_data_connection (id, connection_code, password_cipher) VALUES (%s, %s, %s)",
-                        (i, f"c{i}", v))
+        forge_tables.execute("INSERT INTO ai_report_data_connection (id, connection_code, password_cipher)"
+                             " VALUES (%s, %s, %s)", (i, f"c{i}", v))
     crm = {1: (forge_encrypt("SM4", LEGACY_KEY, "13800000000"), forge_encrypt("AES", LEGACY_KEY, "110101199001011234")),
            2: ("FPC1:SM4:k1:" + forge_encrypt("SM4", ACTIVE_1, "13900000000"), None)}
     for i, (phone, id_card) in crm.items():
-        pg_conn.execute("INSERT INTO crm_customer (id, name, phone, id_card) VALUES (%s, 'n', %s, %s)", (i, phone, id_card))
-    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=LEGACY_KEY))
+        forge_tables.execute("INSERT INTO crm_customer (id, name, phone, id_card) VALUES (%s, 'n', %s, %s)",
+                             (i, phone, id_card))
+    s = settings(forge_tables.url, bootstrap(tmp_path / "crypto.properties", legacy=LEGACY_KEY))
 
     inv = rotation.inventory(s, deep=True).targets
     counts = {c: inv["DataConnection"].counts[c] for c in ("ACTIVE", "HISTORICAL", "LEGACY", "UNKNOWN", "UNKNOWN_KEY",
@@ -134,7 +190,7 @@ def test_forge_values_are_counted_as_forge_counts_them_and_rotated_to_what_forge
 
     assert report.targets["DataConnection"].reencrypted == 4
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED  # the UNKNOWN_KEY value is a failed row
-    after = column(pg_conn, "ai_report_data_connection", "password_cipher")
+    after = forge_tables.column("ai_report_data_connection", "password_cipher")
     keys = {"k1": ACTIVE_1, "k2": ACTIVE_2}
     # Exactly what Forge's reencrypt writes: its own algorithm (a legacy value: the column's), upper case.
     for i, algorithm in ((1, "SM4"), (2, "SM4"), (3, "SM4"), (4, "AES")):
@@ -144,22 +200,22 @@ def test_forge_values_are_counted_as_forge_counts_them_and_rotated_to_what_forge
         assert value == f"FPC1:{algorithm}:k2:" + forge_encrypt(algorithm, ACTIVE_2, plain[i])
     for i in (5, 6, 7, 8, 9, 10, 11, 12):  # active, UNKNOWN, UNKNOWN_KEY, blank, NULL: untouched
         assert after[i] == dc[i]
-    phone = column(pg_conn, "crm_customer", "phone")
-    id_card = column(pg_conn, "crm_customer", "id_card")
-    assert forge_reads(str(phone[1]), keys) == ("SM4", "k2", "13800000000")
-    assert forge_reads(str(id_card[1]), keys) == ("AES", "k2", "110101199001011234")
-    assert forge_reads(str(phone[2]), keys) == ("SM4", "k2", "13900000000") and id_card[2] is None
+    phones = forge_tables.column("crm_customer", "phone")
+    id_cards = forge_tables.column("crm_customer", "id_card")
+    assert forge_reads(str(phones[1]), keys) == ("SM4", "k2", "13800000000")
+    assert forge_reads(str(id_cards[1]), keys) == ("AES", "k2", "110101199001011234")
+    assert forge_reads(str(phones[2]), keys) == ("SM4", "k2", "13900000000") and id_cards[2] is None
 
 
 def test_legacy_values_are_read_with_the_transport_key_when_no_legacy_key_is_set(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    create_tables(pg_conn)
-    pg_conn.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (1, %s), (2, %s)",
+        forge_tables: ForgeTables, tmp_path: Path) -> None:
+    create_tables(forge_tables)
+    forge_tables.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (1, %s), (2, %s)",
                     (forge_encrypt("SM4", TRANSPORT_KEY, "pw-1"), forge_encrypt("SM4", TRANSPORT_KEY, "pw-2")))
-    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=None, transport=TRANSPORT_KEY))
+    s = settings(forge_tables.url, bootstrap(tmp_path / "crypto.properties", legacy=None, transport=TRANSPORT_KEY))
     report = rotation.run_rotation(s, expected_key="k2")
     assert report.exit_code == 0 and report.targets["DataConnection"].reencrypted == 2
-    after = column(pg_conn, "ai_report_data_connection", "password_cipher")
+    after = forge_tables.column("ai_report_data_connection", "password_cipher")
     assert forge_reads(str(after[1]), {"k2": ACTIVE_2}) == ("SM4", "k2", "pw-1")
     assert forge_reads(str(after[2]), {"k2": ACTIVE_2}) == ("SM4", "k2", "pw-2")
 
@@ -195,22 +251,22 @@ def _value_that_happens_to_unpad(written_with: bytes, read_with: bytes) -> str:
 
 
 def test_a_wrong_legacy_key_rewrites_nothing_not_even_values_that_happen_to_unpad(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    create_tables(pg_conn)
+        forge_tables: ForgeTables, tmp_path: Path) -> None:
+    create_tables(forge_tables)
     wrong = secrets.token_bytes(16)
     lucky = _value_that_happens_to_unpad(LEGACY_KEY, wrong)
     legacy = [forge_encrypt("SM4", LEGACY_KEY, f"pw-{i}") for i in range(6)]
     values = [lucky, *legacy]
     historical = "FPC1:SM4:k1:" + forge_encrypt("SM4", ACTIVE_1, "pw-h")
     for i, v in enumerate([*values, historical], start=1):
-        pg_conn.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)", (i, v))
-    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=wrong))
-    before = column(pg_conn, "ai_report_data_connection", "password_cipher")
+        forge_tables.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)", (i, v))
+    s = settings(forge_tables.url, bootstrap(tmp_path / "crypto.properties", legacy=wrong))
+    before = forge_tables.column("ai_report_data_connection", "password_cipher")
 
     dry = rotation.run_rotation(s, dry_run=True)
     report = rotation.run_rotation(s, expected_key="k2")
 
-    after = column(pg_conn, "ai_report_data_connection", "password_cipher")
+    after = forge_tables.column("ai_report_data_connection", "password_cipher")
     assert {i: after[i] for i in range(1, len(values) + 1)} == {i: before[i] for i in range(1, len(values) + 1)}
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED and dry.exit_code == rotation.EXIT_FAIL_CLOSED
     failed = report.targets["DataConnection"].failed
@@ -222,40 +278,24 @@ def test_a_wrong_legacy_key_rewrites_nothing_not_even_values_that_happen_to_unpa
 
 
 def test_a_value_written_under_a_checked_key_after_the_pre_pass_holds_the_key_from_that_batch_on(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+        forge_tables: ForgeTables, tmp_path: Path) -> None:
     """The pre-pass passed every legacy value; a batch then meets one that fails (written since):
     from that batch on no legacy value is written, and the run ends fail-closed."""
-    from pinrotate_core.db import make_engine
-    from pinrotate_core.drain import DrainOptions, drain_target
-    from pinrotate_core.providers import build_provider
-    from pinrotate_core.schemes.registry import build_scheme
-    from pinrotate_core.targets import resolve_target
-
-    create_tables(pg_conn)
+    create_tables(forge_tables)
     for i in range(1, 10):
-        pg_conn.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)",
-                        (i, forge_encrypt("SM4", LEGACY_KEY, f"pw-{i}")))
-    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=LEGACY_KEY))
-    keyring = build_provider(s).load_keyring()
-    engine = make_engine(database_url)
-    try:
-        with psycopg.connect(database_url) as conn:
-            target = resolve_target(conn, s.targets[0])
-        # Forge's own legacy-read-enabled decides, as rotation applies it.
-        scheme = build_scheme(target, keyring, s.keys.model_copy(update={"legacy_read_enabled": True}))
+        forge_tables.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)",
+                             (i, forge_encrypt("SM4", LEGACY_KEY, f"pw-{i}")))
+    s = settings(forge_tables.url, bootstrap(tmp_path / "crypto.properties", legacy=LEGACY_KEY))
+    foreign = forge_encrypt("SM4", secrets.token_bytes(16), "written under another key")
+    while _unpads_under("SM4", LEGACY_KEY, foreign):
         foreign = forge_encrypt("SM4", secrets.token_bytes(16), "written under another key")
-        while _unpads_under("SM4", LEGACY_KEY, foreign):
-            foreign = forge_encrypt("SM4", secrets.token_bytes(16), "written under another key")
 
-        def before_write(batch: int, ids: Any) -> None:
-            if batch == 1:  # after the pre-pass and the first batch's read: a bad value appears further on
-                with psycopg.connect(database_url, autocommit=True) as other:
-                    other.execute("UPDATE ai_report_data_connection SET password_cipher = %s WHERE id = 8", (foreign,))
+    def after_batch(batch: int, ids: Any) -> None:
+        if batch == 1:  # after the pre-pass and the first batch's read: a bad value appears further on
+            forge_tables.execute("UPDATE ai_report_data_connection SET password_cipher = %s WHERE id = 8", (foreign,))
 
-        result = drain_target(engine, scheme, DrainOptions(batch_size=3, before_write=before_write))
-    finally:
-        engine.dispose()
-    after = column(pg_conn, "ai_report_data_connection", "password_cipher")
+    result = forge_tables.drain_first_target(s, after_batch)
+    after = forge_tables.column("ai_report_data_connection", "password_cipher")
     moved = [i for i in range(1, 10) if str(after[i]).startswith("FPC1:SM4:k2:")]
     # Batches before the one that met the bad value moved; that batch (7, 8, 9) wrote nothing under the key.
     assert moved == [1, 2, 3, 4, 5, 6]
@@ -272,20 +312,20 @@ READS_AS_TEXT_UNDER_THE_WRONG_KEY = "pw-000000161262"
 
 
 def test_a_value_that_reads_as_text_under_the_wrong_legacy_key_is_held_not_rewritten(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+        forge_tables: ForgeTables, tmp_path: Path) -> None:
     lucky = forge_encrypt("SM4", FIXED_LEGACY, READS_AS_TEXT_UNDER_THE_WRONG_KEY)
     garbage = forge_decrypt("SM4", FIXED_WRONG, lucky)  # the trap is real: padding and UTF-8 both pass
     assert garbage != READS_AS_TEXT_UNDER_THE_WRONG_KEY
     others = [forge_encrypt("SM4", FIXED_LEGACY, f"pw-{i}") for i in range(5)]
-    create_tables(pg_conn)
+    create_tables(forge_tables)
     for i, v in enumerate([lucky, *others], start=1):
-        pg_conn.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)", (i, v))
-    s = settings(database_url, bootstrap(tmp_path / "crypto.properties", legacy=FIXED_WRONG))
-    before = column(pg_conn, "ai_report_data_connection", "password_cipher")
+        forge_tables.execute("INSERT INTO ai_report_data_connection (id, password_cipher) VALUES (%s, %s)", (i, v))
+    s = settings(forge_tables.url, bootstrap(tmp_path / "crypto.properties", legacy=FIXED_WRONG))
+    before = forge_tables.column("ai_report_data_connection", "password_cipher")
 
     report = rotation.run_rotation(s, expected_key="k2")
 
-    assert column(pg_conn, "ai_report_data_connection", "password_cipher") == before
+    assert forge_tables.column("ai_report_data_connection", "password_cipher") == before
     result = report.targets["DataConnection"]
     assert report.exit_code == rotation.EXIT_FAIL_CLOSED and result.reencrypted == 0
     assert "1" not in {f.id for f in result.failed} and result.counts["key_held"] >= 1

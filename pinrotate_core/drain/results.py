@@ -102,6 +102,12 @@ class CommitUnknown(DatabaseError):
         self.rows = rows
 
 
+def commit_unknown_note(rows: int) -> str:
+    """A drain's note when a batch's COMMIT outcome is unknown (``CommitUnknown``), on every engine."""
+    return (f"up to {rows} row(s) of a batch whose COMMIT outcome is unknown may have been re-encrypted beyond "
+            "the count; the backlog left is recounted")
+
+
 class NotStored(Exception):
     """A write whose RETURNING showed rows holding something other than the values written (a
     BEFORE UPDATE trigger kept or changed them): the batch is rolled back and written again without
@@ -192,8 +198,7 @@ class Tally:
             result.sample_ids = list(dict.fromkeys(self.sample))
             result.stopped = reason
             if self.commit_unknown:
-                result.notes.append(f"up to {self.commit_unknown} row(s) of a batch whose COMMIT outcome is unknown "
-                                    "may have been re-encrypted beyond the count; the backlog left is recounted")
+                result.notes.append(commit_unknown_note(self.commit_unknown))
             if self.error is not None:
                 result.error = str(self.error)
                 result.retryable = bool(getattr(self.error, "retryable", isinstance(self.error, DatabaseError)))

@@ -14,12 +14,15 @@ value verified by decrypting it before it is planned); the write is one transact
 ``job.lock_timeout``) through the room's ``MySqlCasGuard``: rows the application holds are skipped
 (``SKIP LOCKED``, never waited on), a row whose values are no longer the ones read is not written
 (CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
-server stored is read back and compared before COMMIT (a difference rolls the batch back and stops
-the target, exit 4). Between batches, never holding a row: the stop (a cancellation, SIGTERM,
-Ctrl-C), the deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the
-operator's Variable). ``fpc1`` first decrypts every stale value of the whole target once, every
-tenant and every shard's ids (the pre-pass of ``drain.fpc1_precheck``): a key any value of which
-fails is held back for the whole run.
+server stored is read back and compared before COMMIT (a row that stored something else, a
+trigger's doing, rolls the batch back and is FAILED, ``not_stored``: the batch is written again
+without it, as on PostgreSQL); a connection lost during the COMMIT itself is an unknown outcome,
+never reported as rolled back (``CommitUnknown``), and the backlog left is recounted on a connection
+of its own. Between batches, never holding a row: the stop (a cancellation, SIGTERM, Ctrl-C), the
+deadline, the throttle (``throttle.mysql``: ``Threads_running``, replica lag, the operator's
+Variable). ``fpc1`` first decrypts every stale value of the whole target once, every tenant and
+every shard's ids (the pre-pass of ``drain.fpc1_precheck``): a key any value of which fails is
+held back for the whole run.
 
 Which rows are read, and the shards' plan: ``.selection``.
 
@@ -34,8 +37,9 @@ run's total once every shard has ended); a failure to record is exit 4.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -51,17 +55,19 @@ from ...drain.results import (
     STOP_KEY_UNAVAILABLE,
     STOP_THROTTLE_CRITICAL,
     BatchEvent,
+    CommitUnknown,
     DrainResult,
+    commit_unknown_note,
 )
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
-from ...engines.mysql.guard import CasRow, MySqlCasGuard, batch_transaction
+from ...engines.mysql.guard import CasOutcome, CasRow, CommitOutcomeUnknown, MySqlCasGuard, batch_transaction
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...engines.mysql.signals import drain_session
 from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked, ThrottleCritical
 from ...keyring import Keyring
 from ...log import log_event
-from ...schemes.base import DECRYPT_FAILED, FailedRow, Scheme
+from ...schemes.base import DECRYPT_FAILED, NOT_STORED, FailedRow, Scheme
 from ...schemes.registry import build_scheme
 from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
@@ -133,12 +139,13 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
                       dry_run=options.dry_run or None)
             if result.backlog_before:
                 drain_target(conn, scheme, options, result)
-            if options.dry_run:
-                result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
-            else:
-                result.backlog_remaining = count_backlog(conn, scheme, options.tenant, options.id_range)
-            reached = True
-            record_conflicts(conn, scheme, result, options)
+            with _alive(engine, conn) as live:
+                if options.dry_run:
+                    result.backlog_remaining = max(result.backlog_before - result.reencrypted, 0)
+                else:
+                    result.backlog_remaining = count_backlog(live, scheme, options.tenant, options.id_range)
+                reached = True
+                record_conflicts(live, scheme, result, options)
     except (pymysql.err.MySQLError, DatabaseError) as e:
         if result.stopped is None:
             result.stopped, result.retryable = STOP_DB_ERROR, True
@@ -159,6 +166,17 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
               batches=result.batches, backlog_remaining=result.backlog_remaining, stopped=result.stopped,
               duration_ms=round(result.duration_ms, 1), dry_run=options.dry_run or None)
     return result
+
+
+@contextlib.contextmanager
+def _alive(engine: sa.Engine, conn: MySqlConnection) -> Iterator[MySqlConnection]:
+    """``conn``, or a connection of its own when ``conn`` was lost (a batch whose COMMIT outcome is
+    unknown): what the drain left is counted from the database either way."""
+    if conn.open:
+        yield conn
+        return
+    with mysql_connect.raw_connection(engine) as fresh:
+        yield fresh
 
 
 def record_conflicts(conn: MySqlConnection, scheme: Scheme, result: DrainResult, options: DrainOptions) -> None:
@@ -233,22 +251,30 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 read = {row[0]: row for row in rows}
                 new: dict[Any, list[Any]] = {}
                 weight: dict[Any, int] = {}
+                written_columns: dict[Any, list[str]] = {}
                 for w in plan.writes:
                     for j, row_id in enumerate(w.ids):
                         values = new.setdefault(row_id, list(read[row_id][2:]))
                         for k, column in enumerate(w.columns):
                             values[column] = w.new[k][j]
+                            written_columns.setdefault(row_id, []).append(ciphers[column])
                         weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
                 current = [int(scheme.current_key)] if kv else []
                 cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
                        for row_id, values in new.items()]
                 # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
                 with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
-                    with batch_transaction(conn, options.lock_timeout, options.statement_timeout,
-                                           options.idle_timeout):
-                        outcome = guard.write(conn, cas)
-                        if outcome.mismatched:
-                            raise _Mismatch(len(outcome.mismatched))
+                    try:
+                        outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
+                    except CommitOutcomeUnknown as e:  # never reported as rolled back
+                        raise CommitUnknown(t.name, sum(weight.values()),
+                                            mysql_connect.describe_db_error(e.cause)) from None
+                    for row_id in not_stored:  # left as it was, whole: FAILED, as on PostgreSQL
+                        failed = FailedRow(t.name, str(row_id), tuple(dict.fromkeys(written_columns[row_id])),
+                                           NOT_STORED)
+                        plan.failed.append(failed)
+                        result.failed.append(failed)
+                        known_failed.add(failed.id)
                     moved = sum(weight[i] for i in outcome.written)
                     tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
                                           (f.reason for f in plan.failed))
@@ -265,9 +291,9 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 if options.throttle is not None:  # read-to-commit time feeds the batch sizer
                     options.throttle.batch_done(time.perf_counter() - started, len(rows))
             _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
-    except _Mismatch as e:
-        result.stopped, result.error = STOP_DB_ERROR, (f"{e.rows} row(s) read back differently from what was "
-                                                       "written (a trigger or a truncation?): the batch was rolled back")
+    except CommitUnknown as e:  # the connection is gone: drain() recounts the backlog on another
+        result.stopped, result.error, result.retryable = STOP_DB_ERROR, str(e), True
+        result.notes.append(commit_unknown_note(e.rows))
     except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
         result.stopped, result.error = STOP_THROTTLE_CRITICAL, str(e)
     except KeyUnavailable as e:
@@ -280,6 +306,28 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
     if result.stopped in (STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL):
         log_event("batch_failed", level=40, run_id=options.run_id or None, target=t.name, worker=0,
                   reason=result.stopped, error=result.error)
+
+
+def _write_stored(conn: MySqlConnection, guard: MySqlCasGuard, rows: Sequence[CasRow], options: DrainOptions,
+                  target: str) -> tuple[CasOutcome, list[Any]]:
+    """One batch transaction, committed only when every row written stored exactly the value
+    written. A row that stored something else (a BEFORE UPDATE trigger kept or changed it, a lax
+    server cut it) rolls the batch back, and the batch is written again without it (each try
+    leaves out at least one more row): the outcome of the try that committed, and the ids left out."""
+    left_out: list[Any] = []
+    while True:
+        try:
+            with batch_transaction(conn, options.lock_timeout, options.statement_timeout, options.idle_timeout):
+                outcome = guard.write(conn, rows)
+                if outcome.mismatched:
+                    raise _Mismatch(outcome.mismatched)
+            return outcome, left_out
+        except _Mismatch as e:  # rolled back
+            dropped = set(e.ids)
+            left_out += e.ids
+            rows = [r for r in rows if r.row_id not in dropped]
+            log_event("batch_write_retried", level=30, run_id=options.run_id or None, target=target,
+                      reason="the database stored another value than the one written", rows=len(e.ids))
 
 
 def _record(options: DrainOptions, target: str, batch_no: int, rows: int, moved: int, failed: int, conflicts: int,
@@ -312,6 +360,8 @@ def verify_sample(engine: sa.Engine, scheme: Scheme, ids: Sequence[Any]) -> tupl
 
 
 class _Mismatch(Exception):
-    def __init__(self, rows: int) -> None:
-        super().__init__(rows)
-        self.rows = rows
+    """Rows whose stored value is not the one written: the batch transaction rolls back."""
+
+    def __init__(self, ids: Sequence[Any]) -> None:
+        super().__init__(len(ids))
+        self.ids = list(ids)

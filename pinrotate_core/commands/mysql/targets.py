@@ -24,7 +24,7 @@ from ...engines.base.catalog import CatalogColumn, TableCatalog
 from ...engines.mysql.catalog import CATALOG
 from ...engines.mysql.connect import MySqlConnection
 from ...errors import TargetBlocked
-from ...targets import Column, ResolvedTarget, TypeWords, check_shape, read_columns
+from ...targets import Column, ResolvedTarget, TypeWords, check_shape, lacking_privileges, read_columns
 
 # MySQL's DATA_TYPE -> the type name the schemes and the rules above know.
 TYPE_NAMES = {
@@ -64,15 +64,14 @@ def resolve_mysql_target(conn: MySqlConnection, t: TargetSettings, *, writing: b
         raise TargetBlocked(t.name, f"{t.table} is {found.notes[0]}")
     if writing and found.read_only:
         raise TargetBlocked(t.name, f"the database connection is read-only ({', '.join(found.read_only)})")
+    if found.missing_privileges:  # before the shape: a column the role holds nothing on is hidden, not absent
+        raise TargetBlocked(t.name, lacking_privileges(found.role, t.table, found.missing_privileges))
     cols = {name: _column(c) for name, c in found.columns.items()}
     id_column, key_version, cipher_cols = check_shape(t, cols, list(found.primary_key), MYSQL_TYPES)
     generated = [n for n in read_columns(t) if found.columns[n].generated]
     if generated:
         raise TargetBlocked(t.name, f"column {generated[0]} of {t.table} is a generated column: "
                                     "pinrotate neither writes it nor lets the server recompute it from a cipher column")
-    if found.missing_privileges:
-        missing = ", ".join(f"{p} on {c}" for p, c in found.missing_privileges)
-        raise TargetBlocked(t.name, f"role {found.role} lacks privileges on {t.table}: {missing}")
     _check_triggers(t, found)
     return ResolvedTarget(t, sql.Identifier(found.schema, found.table), id_column, key_version, cipher_cols)
 

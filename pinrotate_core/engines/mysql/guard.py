@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pymysql
+
 from ..base.catalog import CatalogColumn, TableCatalog
 from .connect import MySqlConnection, ServerInfo, is_mariadb, server_info
 from .operations import OPERATIONS as ops
@@ -111,12 +113,22 @@ def batch_limits(conn: MySqlConnection, lock_wait: float, statement_timeout: flo
     return limits
 
 
+class CommitOutcomeUnknown(Exception):
+    """The connection was lost while the batch's COMMIT was in flight: the server may have committed
+    the transaction or not, and nobody can say which from this side. Never a rollback to report."""
+
+    def __init__(self, cause: pymysql.err.MySQLError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 @contextlib.contextmanager
 def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
                       idle_timeout: float | None = None) -> Iterator[None]:
     """One transaction per batch, READ COMMITTED (no gap locks on ids that are gone), under the
-    session limits of ``batch_limits``; committed when the block ends, rolled back on any error.
-    The limits are reset when it ends, so nothing set outlives the batch."""
+    session limits of ``batch_limits``; committed when the block ends, rolled back on any error
+    (``CommitOutcomeUnknown`` when the connection is lost during the COMMIT itself). The limits
+    are reset when it ends, so nothing set outlives the batch."""
     limits = batch_limits(conn, lock_wait, statement_timeout, idle_timeout)
     with conn.cursor() as cur:
         # SET TRANSACTION (no SESSION) applies to the next transaction only.
@@ -130,7 +142,12 @@ def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout
                 if conn.open:  # a session the server ended (idle_transaction_timeout) rolled back with it
                     conn.rollback()
                 raise
-            conn.commit()
+            try:
+                conn.commit()
+            except pymysql.err.MySQLError as e:
+                if conn.open:
+                    raise  # the server answered: rolled back
+                raise CommitOutcomeUnknown(e) from e
         finally:
             if conn.open:
                 cur.execute("SET SESSION " + ", ".join(f"{name} = DEFAULT" for name in limits))

@@ -191,8 +191,8 @@ def database_identity(engine: sa.Engine) -> dict[str, Any]:
         try:
             sysid = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
             identity["system_identifier"] = sysid[0] if sysid else None
-        except psycopg.errors.InsufficientPrivilege:
-            identity["system_identifier"] = "not readable by this role (EXECUTE on pg_control_system)"
+        except psycopg.errors.InsufficientPrivilege:  # the identifier stays None; why, beside it
+            identity["system_identifier_omitted"] = "not readable by this role (EXECUTE on pg_control_system)"
         except psycopg.Error as e:
             raise DatabaseError(f"cannot read the database identity ({describe_db_error(e)})") from None
     return identity
