@@ -271,13 +271,15 @@ def inventory_on(conn: psycopg.Connection[Any], settings: Settings, keyring: Key
 
 def unversioned_excluded(conn: psycopg.Connection[Any], scheme: Scheme, rule: sql.Composable,
                          keys_sql: list[tuple[sql.Composable, sql.Composable]]) -> int:
-    """Out-of-scope rows whose key is unknown (NULL) while a cipher column holds a value: what they are under
-    cannot be told, so they are UNKNOWN whatever their scope (a soft-deleted row too)."""
+    """Values of out-of-scope rows whose key is unknown (NULL) while a cipher column of the row holds a
+    value: what they are under cannot be told, so they are UNKNOWN whatever their scope (a
+    soft-deleted row too). One count per value, as the main count counts them."""
     target = scheme.target
-    unnamed = sql.SQL(" OR ").join(sql.SQL("({} AND {} IS NULL)").format(p, k) for k, p in keys_sql)
+    unnamed = sql.SQL(" + ").join(sql.SQL("(CASE WHEN {} AND {} IS NULL THEN 1 ELSE 0 END)").format(p, k)
+                                  for k, p in keys_sql)
     held = sql.SQL(" OR ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("t", c.name))
                                 for c in target.columns)
-    row = conn.execute(sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {rule} IS NOT NULL AND ({unnamed}) AND ({held})"
+    row = conn.execute(sql.SQL("SELECT COALESCE(sum({unnamed}), 0) FROM {rel} AS t WHERE {rule} IS NOT NULL AND ({held})"
                                ).format(rel=target.relation, rule=rule, unnamed=unnamed, held=held)).fetchone()
     return int(row[0]) if row else 0
 
