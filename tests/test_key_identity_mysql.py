@@ -13,7 +13,6 @@ the exit code of a run whose shard stopped on a key mismatch. All keys are rando
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -62,16 +61,8 @@ test_a_dask_worker_with_another_key_2_refuses_its_shards_before_writing_and_the_
 # --- recording, in the core ---------------------------------------------------------------------------------
 test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_compares_with_it = (
     on_postgresql.test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_compares_with_it)
-
-
-@pytest.mark.xfail(strict=True, reason="a role that may not read pinrotate.key_checks is told to GRANT SELECT, INSERT "
-                   "on it, which MySQL refuses while the table does not exist: it must be told to GRANT CREATE")
-def test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege(
-        db: KeyChecksDatabase, app_role: AppRole, tmp_path: Path) -> None:
-    on_postgresql.test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege(
-        db, app_role, tmp_path)
-
-
+test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege = (
+    on_postgresql.test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege)
 test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_not_for_real = (
     on_postgresql.test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_not_for_real)
 
