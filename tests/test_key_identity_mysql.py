@@ -7,7 +7,12 @@ has a mariadbd of its own (tests/mariadb_server.private_mariadb), its tests on o
 
 Not here, because no database takes part: the check value's definition, the refusals of ids that
 name one version twice by the file, env, k8s-dir and vault-kv providers and by any keyring, and
-the exit code of a run whose shard stopped on a key mismatch. All keys are random TEST keys.
+the exit code of a run whose shard stopped on a key mismatch. Nor the Dask worker with another key
+2: a worker compares its keyring by the same call as the flow's first task (``read_current_key``,
+the engine's ``confirm_key_identity``: refusing on MariaDB here and in
+test_mysql_bookkeeping's flow test, and Dask shards of a MariaDB target run in
+mysql_contract/test_flow_on_mariadb); what is left is the flow's own handling, engine-neutral, for
+a Dask cluster and a run of about 12 s. All keys are random TEST keys.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from tests.key_checks_records import AppRole, KeyChecksDatabase, MariaKeyChecks
 from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
 from . import test_key_identity as on_postgresql
-from .test_key_identity import worker_cluster  # noqa: F401 (a fixture: a Dask worker of another host)
 
 pytestmark = [pytest.mark.mysql, pytest.mark.xdist_group("test_key_identity_mysql")]
 
@@ -53,10 +57,6 @@ test_a_dry_run_and_a_gate_only_compare_and_the_gate_says_when_no_check_value_was
     on_postgresql.test_a_dry_run_and_a_gate_only_compare_and_the_gate_says_when_no_check_value_was_recorded)
 test_a_gate_whose_key_differs_from_the_recorded_one_refuses_with_exit_2_before_answering = (
     on_postgresql.test_a_gate_whose_key_differs_from_the_recorded_one_refuses_with_exit_2_before_answering)
-
-# --- a Dask worker whose host holds another keyring -------------------------------------------------------
-test_a_dask_worker_with_another_key_2_refuses_its_shards_before_writing_and_the_run_exits_2 = (
-    on_postgresql.test_a_dask_worker_with_another_key_2_refuses_its_shards_before_writing_and_the_run_exits_2)
 
 # --- recording, in the core ---------------------------------------------------------------------------------
 test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_compares_with_it = (
