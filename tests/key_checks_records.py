@@ -115,24 +115,25 @@ class MariaKeyChecks:
         self.server, self.database, self.url = server, database, server.url(database)
         self._table_before = self._table_on_server()
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    def as_owner(self, statement: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        """``statement`` as the server's owner runs it (root: a DBA following a refusal)."""
         with contextlib.closing(self.server.connect()) as conn, conn.cursor() as cur:
             cur.execute(statement, params or None)
             return list(cur.fetchall())
 
     def _table_on_server(self) -> bool:
-        return bool(self._rows("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'pinrotate'"
+        return bool(self.as_owner("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'pinrotate'"
                                " AND TABLE_NAME = 'key_checks'")[0][0])
 
     def recorded(self) -> Recorded:
         if not self._table_on_server():
             return {}
-        return {r[0]: (r[1], r[2], r[3]) for r in self._rows(
+        return {r[0]: (r[1], r[2], r[3]) for r in self.as_owner(
             "SELECT key_id, check_value, algorithm, recorded_by FROM pinrotate.key_checks WHERE database_name = %s",
             (self.database,))}
 
     def recorded_rows(self) -> list[tuple[str, str, str]]:
-        return [(r[0], r[1], r[2]) for r in self._rows(
+        return [(r[0], r[1], r[2]) for r in self.as_owner(
             "SELECT keyring, key_id, algorithm FROM pinrotate.key_checks WHERE database_name = %s ORDER BY key_id",
             (self.database,))]
 
@@ -140,10 +141,9 @@ class MariaKeyChecks:
         return bool(self.recorded()) or (self._table_on_server() and not self._table_before)
 
     def let_read_key_checks(self, role: AppRole) -> None:
-        self._rows(CREATE_DATABASE)
-        self._rows(CREATE_TABLES["key_checks"])
-        user, host = role.name.split("@")
-        self._rows(f"GRANT SELECT ON pinrotate.key_checks TO '{user}'@'{host}'")
+        self.as_owner(CREATE_DATABASE)
+        self.as_owner(CREATE_TABLES["key_checks"])
+        self.as_owner(f"GRANT SELECT ON pinrotate.key_checks TO {role.name}")
 
     def confirm(self, engine: sa.Engine, settings: Settings, keyring: Keyring, provider: KeyProvider, *,
                 record: bool, run_id: str | None = None) -> KeyIdentity:
@@ -158,10 +158,10 @@ class MariaKeyChecks:
     def app_role(self) -> Iterator[AppRole]:
         """A user that may read and write the test's database and nothing of pinrotate's, dropped at the end."""
         user, password = f"ki_{secrets.token_hex(4)}", secrets.token_hex(12)
-        self._rows(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'")
-        self._rows(f"GRANT SELECT, INSERT, UPDATE ON `{self.database}`.* TO '{user}'@'%'")
+        self.as_owner(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'")
+        self.as_owner(f"GRANT SELECT, INSERT, UPDATE ON `{self.database}`.* TO '{user}'@'%'")
         try:
-            yield AppRole(f"{user}@%", self.url.replace(f"{self.server.user}@", f"{user}:{password}@", 1))
+            yield AppRole(f"'{user}'@'%'", self.url.replace(f"{self.server.user}@", f"{user}:{password}@", 1))
         finally:
             with contextlib.suppress(pymysql.Error):
-                self._rows(f"DROP USER '{user}'@'%'")
+                self.as_owner(f"DROP USER '{user}'@'%'")

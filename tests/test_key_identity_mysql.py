@@ -17,10 +17,15 @@ a Dask cluster and a run of about 12 s. All keys are random TEST keys.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from pinrotate_core import rotation
+from pinrotate_core.errors import RefusedToStart
+from pinrotate_core.providers.file import FileKeyProvider
 from tests.key_checks_records import AppRole, KeyChecksDatabase, MariaKeyChecks
 from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
@@ -65,6 +70,30 @@ test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privi
     on_postgresql.test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege)
 test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_not_for_real = (
     on_postgresql.test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_not_for_real)
+
+
+def test_the_grants_a_refusal_names_run_as_printed_on_mariadb_and_then_the_run_starts(
+        db: MariaKeyChecks, app_role: AppRole, tmp_path: Path) -> None:
+    """MySQL's own: an account is ``'user'@'host'`` in a GRANT (a bare ``user@%`` is a syntax
+    error). A DBA runs each statement a refusal names, as printed, until the role's run starts."""
+    keys_file = tmp_path / "keys" / "keys.toml"
+    FileKeyProvider(keys_file, create=True).load_keyring()
+    ctx = rotation.open_run(on_postgresql._aesgcm_settings(app_role.url, keys_file))
+    try:
+        ran = []
+        for _ in range(3):
+            try:
+                rotation.read_current_key(ctx)
+                break
+            except RefusedToStart as refused:
+                grant = re.search(r"GRANT [A-Z, ]+ ON \S+ TO '[^']+'@'%'", str(refused))
+                assert grant is not None and app_role.name in str(refused), str(refused)
+                db.as_owner(grant.group(0))
+                ran.append(grant.group(0))
+    finally:
+        ctx.close()
+    assert ran and ran[0].startswith("GRANT CREATE ON pinrotate.* TO "), ran
+    assert set(db.recorded()) == {"1"}
 
 # --- one key version, one id: refused at load, before the run reads or writes a row -------------------------
 test_a_keys_file_with_keys_2_and_02_is_refused_by_run_with_exit_2_naming_both = (

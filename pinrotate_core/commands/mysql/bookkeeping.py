@@ -46,10 +46,13 @@ _READ_ONLY: Final = frozenset({1290, 1792})
 
 
 def _role(conn: MySqlConnection) -> str:
+    """The connection's account as a GRANT names it (``'app'@'%'``: ``CURRENT_USER()``'s bare
+    ``app@%`` is a syntax error there), so that the statements of a refusal run as printed."""
     try:
-        return current_role(conn)
+        user, _, host = current_role(conn).rpartition("@")
     except pymysql.err.MySQLError:
         return "?"
+    return "@".join("'" + part.replace("\\", "\\\\").replace("'", "''") + "'" for part in (user, host))
 
 
 def _grant(privileges: str, table: str, role: str) -> str:
