@@ -30,6 +30,7 @@ from ...drain.results import DrainResult
 from ...engines.mysql import bookkeeping as books
 from ...engines.mysql.catalog import current_role
 from ...engines.mysql.connect import MySqlConnection, describe_db_error, error_number
+from ...engines.mysql.grants import account
 from ...errors import DatabaseError, RefusedToStart
 from ...key_checks import KeyIdentity, compare_recorded, key_checks_for
 from ...keyring import Keyring
@@ -52,7 +53,7 @@ def _role(conn: MySqlConnection) -> str:
         user, _, host = current_role(conn).rpartition("@")
     except pymysql.err.MySQLError:
         return "?"
-    return "@".join("'" + part.replace("\\", "\\\\").replace("'", "''") + "'" for part in (user, host))
+    return account(user, host).replace("%%", "%")  # printed for the mysql client, not run with parameters
 
 
 def _grant(privileges: str, table: str, role: str) -> str:
