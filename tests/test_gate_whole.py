@@ -1,5 +1,5 @@
 """The retire gate's verdict is whole (issue 22, contract §6), on real PostgreSQL and a real OpenBao
-(tests/test_gate_whole_mysql.py runs these tests on MariaDB: the ``db`` fixture names the engine).
+(tests/test_gate_whole_mysql.py runs them on MariaDB, which and why in its docstring: ``db`` names the engine).
 
 1. One verdict over everything configured: a tenant or target filter (``gate --tenant``, a run's
    ``--target``/``--tenant``) shows a slice but never answers open while another tenant or target

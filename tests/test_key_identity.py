@@ -1,5 +1,5 @@
 """A key id is one key (issue 22, point 7), on real PostgreSQL (and OpenBao for vault-kv / Transit);
-tests/test_key_identity_mysql.py runs the database tests on MariaDB (its own ``db`` fixtures).
+tests/test_key_identity_mysql.py runs them on MariaDB (its own ``db`` fixtures; which and why in its docstring).
 
 pinrotate records a check value per key id in ``pinrotate.key_checks``; a run, a Dask worker or a gate
 whose key of the same id is other material refuses with exit 2, one line naming the key id, nothing
