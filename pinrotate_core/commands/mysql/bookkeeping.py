@@ -56,6 +56,11 @@ def _role(conn: MySqlConnection) -> str:
     return account(user, host).replace("%%", "%")  # printed for the mysql client, not run with parameters
 
 
+# MySQL refuses a role alike whether a table it has no privilege on exists or not, and refuses a
+# GRANT on a table that does not exist: the advice says when the GRANT runs.
+_ONCE_IT_EXISTS: Final = " (once the table exists: grants prints its DDL)"
+
+
 def _grant(privileges: str, table: str, role: str) -> str:
     return f"GRANT {privileges} ON {books.DATABASE}.{table} TO {role}"
 
@@ -94,8 +99,8 @@ def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyrin
         if error_number(e) in books.DENIED:
             grant = "SELECT, INSERT" if record else "SELECT"
             raise RefusedToStart(f"role {role} may not {'write' if record else 'read'} {KEY_CHECKS}, where pinrotate "
-                                 f"checks that each key id is one key: {_grant(grant, books.KEY_CHECKS, role)}; "
-                                 "nothing was written") from None
+                                 f"checks that each key id is one key: {_grant(grant, books.KEY_CHECKS, role)}"
+                                 f"{_ONCE_IT_EXISTS}; nothing was written") from None
         if error_number(e) in _READ_ONLY:
             raise RefusedToStart(f"the database connection is read-only: a run cannot record its keys' check values "
                                  f"in {KEY_CHECKS}; nothing was written") from None
@@ -201,7 +206,7 @@ def last_conflicts_mysql(conn: MySqlConnection, target: str, *, tenant: str | No
         role = _role(conn)
         if error_number(e) in books.DENIED:
             raise StateError(f"role {role} may not read {CONFLICTS}, so CONFLICTs recorded by runs cannot be "
-                             f"counted: {_grant('SELECT', books.CONFLICTS, role)}") from None
+                             f"counted: {_grant('SELECT', books.CONFLICTS, role)}{_ONCE_IT_EXISTS}") from None
         raise StateError(f"cannot read {CONFLICTS} ({describe_db_error(e)})") from None
 
 
