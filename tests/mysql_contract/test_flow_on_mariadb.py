@@ -5,6 +5,7 @@ look of ``gate --retire`` (fail closed)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -153,21 +154,49 @@ def test_the_shards_of_a_mariadb_target_are_disjoint_id_ranges_covering_its_back
         assert 20 <= s.rows <= 45, [x.rows for x in shards]  # about a quarter each
 
 
-def _sleeping(server: MariaDbServer, seconds: float, sessions: int = 2) -> list[threading.Thread]:
-    """Other sessions busy in a statement for ``seconds`` (Threads_running counts them)."""
-    def sleep() -> None:
-        conn = pymysql.connect(host=server.host, port=server.port, user="root")
+class _Sleeping:
+    """Other sessions busy in a statement for ``seconds`` (Threads_running counts them), running
+    when the constructor returns (seen in the process list, however loaded the machine); ``stop``
+    ends their statements early and waits for them."""
+
+    def __init__(self, server: MariaDbServer, seconds: float, sessions: int = 2) -> None:
+        self.server, self.ids = server, [0] * sessions
+        self.threads = [threading.Thread(target=self._sleep, args=(i, seconds), daemon=True) for i in range(sessions)]
+        for thread in self.threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        with contextlib.closing(pymysql.connect(host=server.host, port=server.port, user="root")) as conn:
+            while True:
+                ids = [i for i in self.ids if i]
+                if len(ids) == sessions:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN "
+                                    f"({', '.join(['%s'] * sessions)}) AND INFO LIKE %s", (*ids, "SELECT SLEEP(%"))
+                        (running,) = cur.fetchone() or (0,)
+                    if running == sessions:
+                        return
+                assert time.monotonic() < deadline, "the sleeping sessions never started"
+                time.sleep(0.05)
+
+    def _sleep(self, i: int, seconds: float) -> None:
+        conn = pymysql.connect(host=self.server.host, port=self.server.port, user="root")
+        self.ids[i] = conn.thread_id()
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT SLEEP(%s)", (seconds,))
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=sleep, daemon=True) for _ in range(sessions)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.5)
-    return threads
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+    def stop(self) -> None:
+        with contextlib.closing(pymysql.connect(host=self.server.host, port=self.server.port, user="root")) as conn:
+            for thread_id in self.ids:
+                with contextlib.suppress(pymysql.err.MySQLError), conn.cursor() as cur:
+                    cur.execute("KILL QUERY %s", (thread_id,))
+        self.join()
 
 
 def test_the_throttle_on_mariadb_waits_on_threads_running_and_stops_past_the_critical_limit(
@@ -176,27 +205,25 @@ def test_the_throttle_on_mariadb_waits_on_threads_running_and_stops_past_the_cri
     new = pin.promote_new_key()
     settings = load_settings(str(pin.config(tables=("persons",), batch_size=5, max_active_sessions=1)))
     ctx = rotation.open_run(settings)
-    sleeper = _sleeping(mariadb, 1.5)
+    sleeper = _Sleeping(mariadb, 60)
     try:
         throttle = ctx.run_throttle()
         state = throttle.check()
         assert state.reason == "load" and state.sessions is not None and state.sessions >= 2, state
     finally:
-        for thread in sleeper:
-            thread.join()
+        sleeper.stop()
         ctx.close()
 
     critical = load_settings(str(pin.config("critical.toml", tables=("persons",), batch_size=5,
                                             critical_active_sessions=1)))
     ctx = rotation.open_run(critical)
-    sleeper = _sleeping(mariadb, 1.5)
+    sleeper = _Sleeping(mariadb, 60)
     try:
         rotation.read_current_key(ctx, announce=False)
         rotation.resolve_all(ctx)
         result = rotation.drain(ctx, "Person")
     finally:
-        for thread in sleeper:
-            thread.join()
+        sleeper.stop()
         ctx.close()
     assert result.stopped == STOP_THROTTLE_CRITICAL and "critical_active_sessions" in (result.error or "")
     assert result.reencrypted == 0 and pin.key_versions("persons") == {pin.old: 20}
@@ -206,10 +233,9 @@ def test_the_throttle_on_mariadb_waits_on_threads_running_and_stops_past_the_cri
     try:
         rotation.read_current_key(ctx, announce=False)
         rotation.resolve_all(ctx)
-        sleeper = _sleeping(mariadb, 2, sessions=3)
+        sleeper = _Sleeping(mariadb, 2, sessions=3)
         result = rotation.drain(ctx, "Person")
-        for thread in sleeper:
-            thread.join()
+        sleeper.join()
     finally:
         ctx.close()
     assert (result.reencrypted, result.stopped, result.backlog_remaining) == (20, None, 0)
