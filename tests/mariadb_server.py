@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -180,3 +181,16 @@ def private_mariadb() -> Iterator[MariaDbServer]:
 def private_mysql_database(mariadb: MariaDbServer) -> Iterator[str]:
     with mariadb.fresh_database() as name:
         yield name
+
+
+class MariaDbDatabase:
+    """One fresh database of a test server, as the engine-neutral test adapters take it: its URL
+    and statements with ``%s`` parameters, each on a connection of its own, committed."""
+
+    def __init__(self, server: MariaDbServer, database: str) -> None:
+        self.server, self.database = server, database
+        self.url = server.url(database)
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
+        with contextlib.closing(self.server.connect(self.database)) as conn, conn.cursor() as cur:
+            cur.execute(statement, tuple(params) or None)

@@ -7,30 +7,20 @@ module's own ECB code; keys are random TEST keys, or the fixed test keys it name
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pinrotate_core.config import Settings
 from pinrotate_core.drain import DrainOptions, DrainResult
 from tests import test_forge_rules as rules
-from tests.mariadb_server import MariaDbServer
+from tests.mariadb_server import MariaDbDatabase, MariaDbServer
 
 pytestmark = pytest.mark.mysql
 
 
-class MariaDbForgeTables:
+class MariaDbForgeTables(MariaDbDatabase):
     """Forge's tables in the test's fresh MariaDB database (``rules.ForgeTables``)."""
-
-    def __init__(self, server: MariaDbServer, database: str) -> None:
-        self.server, self.database = server, database
-        self.url = server.url(database)
-
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
-        with contextlib.closing(self.server.connect(self.database)) as conn, conn.cursor() as cur:
-            cur.execute(statement, tuple(params) or None)
 
     def column(self, table: str, name: str) -> dict[int, str | None]:
         with contextlib.closing(self.server.connect(self.database)) as conn, conn.cursor() as cur:
