@@ -58,6 +58,7 @@ from ...drain.results import (
     CommitUnknown,
     DrainResult,
     commit_unknown_note,
+    natural_id_order,
 )
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
@@ -160,6 +161,8 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
         result.error = result.error or f"target {t.name}: {result.state_error}"
         log_event("state_not_saved", level=40, run_id=options.run_id or None, target=t.name,
                   error=result.state_error)
+    # The pre-pass lists its rows first: the report lists them in id order, as on PostgreSQL.
+    result.failed.sort(key=lambda f: (natural_id_order(f.id), f.reason))
     result.duration_ms = (time.monotonic() - began) * 1000
     log_event("target_completed", run_id=options.run_id or None, target=t.name, shard=options.shard or None,
               reencrypted=result.reencrypted, failed=len(result.failed), conflicts=result.conflicts or None,
@@ -234,6 +237,7 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 break
             lo = rows[-1][0]
             batch_no += 1
+            result.batches += 1  # every batch read, written or not, dry or not: as on PostgreSQL
             plan = scheme.plan(rows, known_failed)
             if options.before_write is not None:  # between the batch's read and its write, as on PostgreSQL
                 options.before_write(batch_no, [r[0] for r in rows])
@@ -280,7 +284,6 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                     moved = sum(weight[i] for i in outcome.written)
                     tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
                                           (f.reason for f in plan.failed))
-                result.batches += 1
                 result.reencrypted += moved
                 result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
                 if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
