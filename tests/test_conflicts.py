@@ -1,4 +1,5 @@
 """fpc1 CONFLICTs on real PostgreSQL: runs side by side, and the record the gate reads on any host.
+(tests/test_conflicts_mysql.py runs the bodies of the first three on MariaDB.)
 
 Two runs at once are two processes: the first run's ``before_write`` hook (between a batch's read
 and its write) starts a second, complete run in a child process (its own interpreter, its own
@@ -25,14 +26,27 @@ from psycopg import sql
 from pinrotate_core import rotation
 from pinrotate_core.config import GateSettings
 from pinrotate_core.conflicts import CREATE_SQL, conflicts_table_exists
-from pinrotate_core.drain import Drain, DrainOptions, DrainResult
+from pinrotate_core.drain import DrainOptions, DrainResult
 from pinrotate_core.errors import RefusedToStart
-from pinrotate_core.gate import retire_gate
 from pinrotate_core.key_checks import CREATE_SQL as KEY_CHECKS_SQL
+from pinrotate_core.rotation import retire_gate
 from pinrotate_core.schemes.fpc1_values import parse_fpc1
 from tests.helpers import url_as
 
-from .test_fpc1_migration import DC, K1, K2, LC, Forge, custom_settings, decrypt, forge_settings, fpc1, write_keys
+from .fpc1_db import Fpc1Db
+from .test_fpc1_migration import (
+    DC,
+    K1,
+    K2,
+    LC,
+    Forge,
+    custom_settings,
+    decrypt,
+    forge_settings,
+    fpc1,
+    pg_fpc1_db,  # noqa: F401 (the fixture db)
+    write_keys,
+)
 
 # --- a second run in another process ----------------------------------------------------------------
 
@@ -65,7 +79,7 @@ def run_with_hook(settings: Any, target: str, hook: Any) -> rotation.RunReport:
         rotation.resolve_all(ctx)
         report = rotation.RunReport(ctx.run_id, keyring.current, False)
         options = DrainOptions(batch_size=settings.job.batch_size, run_id=ctx.run_id, before_write=hook)
-        report.targets[target] = Drain(ctx.engine, ctx.schemes[target], options).run()
+        report.targets[target] = ctx.commands.drain(ctx.engine, ctx.schemes[target], options)
         report.verified = rotation.verify(ctx, report.targets)
         report.gate = rotation.gate_report(ctx, report.targets)
         return report
@@ -75,16 +89,16 @@ def run_with_hook(settings: Any, target: str, hook: Any) -> rotation.RunReport:
 
 @pytest.mark.parametrize("target", [DC, LC])
 def test_a_value_another_run_moved_meanwhile_is_done_not_a_conflict(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, tmp_path: Path, target: str) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path, tmp_path: Path, target: str) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     seen: dict[str, Any] = {}
 
     def second_run_completes_first(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
             seen["ids"] = list(ids)
-            seen["exit"] = run_beside(database_url, keys_file, target, tmp_path / "other-host")
+            seen["exit"] = run_beside(db.url, keys_file, target, tmp_path / "other-host")
 
     report = run_with_hook(settings, target, second_run_completes_first)
 
@@ -117,17 +131,17 @@ def test_a_value_another_run_moved_meanwhile_is_done_not_a_conflict(
 
 
 def test_an_application_edit_during_two_runs_is_still_a_conflict(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, tmp_path: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path, tmp_path: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     app_value = fpc1("k2", K2, b"a new password typed by the user")
 
     def other_run_then_application(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
-            assert run_beside(database_url, keys_file, DC, tmp_path / "other-host") == rotation.EXIT_OK
+            assert run_beside(db.url, keys_file, DC, tmp_path / "other-host") == rotation.EXIT_OK
             # Same key as the other run's value, another plaintext: the application's, never ours to replace.
-            pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 2", (app_value,))
+            db.execute("UPDATE data_connections SET password = %s WHERE id = 2", (app_value,))
 
     report = run_with_hook(settings, DC, other_run_then_application)
 
@@ -140,27 +154,26 @@ def test_an_application_edit_during_two_runs_is_still_a_conflict(
 # --- the record is in the database ------------------------------------------------------------------
 
 
-def edit_row_2_between_read_and_write(pg_conn: psycopg.Connection[Any], value: str) -> Any:
+def edit_row_2_between_read_and_write(db: Fpc1Db, value: str) -> Any:
     def hook(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
-            pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 2", (value,))
+            db.execute("UPDATE data_connections SET password = %s WHERE id = 2", (value,))
     return hook
 
 
 def test_a_conflict_recorded_on_one_host_closes_the_gate_on_another(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
     host_a.mkdir()
     host_b.mkdir()
-    assert not conflicts_table_exists(pg_conn)
+    assert db.no_conflict_records()
 
     monkeypatch.setenv("PINROTATE_HOME", str(host_a))
     app_value = fpc1("k2", K2, b"edited while the run ran")
-    report = run_with_hook(settings, DC, edit_row_2_between_read_and_write(pg_conn, app_value))
+    report = run_with_hook(settings, DC, edit_row_2_between_read_and_write(db, app_value))
     assert report.targets[DC].conflicts == 1 and report.exit_code == rotation.EXIT_FAIL_CLOSED
     assert forge.password(2) == app_value
     assert not any(host_a.iterdir())  # nothing of it in host A's folder
@@ -177,7 +190,7 @@ def test_a_conflict_recorded_on_one_host_closes_the_gate_on_another(
     assert clean.exit_code == rotation.EXIT_OK
     monkeypatch.setenv("PINROTATE_HOME", str(host_a))
     assert retire_gate(settings, "k1", erase_excluded=True).open  # only the soft-deleted rows are left
-    assert pg_conn.execute("SELECT count(*) FROM pinrotate.conflicts").fetchone() == (0,)
+    assert db.conflict_rows() == []
 
 
 def test_a_run_that_stopped_early_keeps_the_larger_count_and_clears_nothing(
@@ -311,7 +324,7 @@ def drain_shards(settings: Any, pg_conn: psycopg.Connection[Any], stop_shard: in
 
         options = DrainOptions(batch_size=2, run_id=ctx.run_id, before_write=edit_first_row, stop=stop,
                                id_range=shard.id_range, planned_backlog=shard.rows)
-        results.append(Drain(ctx.engine, ctx.schemes["T"], options).run())
+        results.append(ctx.commands.drain(ctx.engine, ctx.schemes["T"], options))
         recorded.append(last_conflicts(pg_conn, "T"))
     return ctx, results, recorded
 

@@ -25,15 +25,16 @@ from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
-from pinrotate_core.drain import BatchEvent, Drain, DrainOptions, DrainResult
+from pinrotate_core.drain import BatchEvent, DrainOptions, DrainResult
 from pinrotate_core.errors import ConfigError, RefusedToStart
-from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.file import FileKeyProvider
+from pinrotate_core.rotation import retire_gate
 from pinrotate_core.schemes.base import ValueClass
 from pinrotate_core.schemes.fpc1_values import classify_value, length_after, parse_fpc1
 from pinrotate_core.scope import live_condition
 
+from .fpc1_db import Fpc1Db, PgFpc1Db
 from .helpers import assert_secret_free
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -124,16 +125,22 @@ def custom_settings(database_url: str, keys_file: Path, target: dict[str, Any], 
     return settings_from_mapping(raw, env={})
 
 
+@pytest.fixture(name="db")
+def pg_fpc1_db(database_url: str, pg_conn: psycopg.Connection[Any]) -> PgFpc1Db:
+    """The test's database; tests/test_fpc1_migration_mysql.py runs the same bodies on MariaDB."""
+    return PgFpc1Db(pg_conn, database_url)
+
+
 # --- the Forge-like data set ----------------------------------------------------------------------
 
 
 class Forge:
-    """tests/data/fpc1_generic.sql with a known set of rows; remembers every plaintext by (table, id, field)."""
+    """tests/data/fpc1_generic.sql (or its MySQL twin) with a known set of rows; remembers every plaintext by (table, id, field)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], algorithm: str = "SM4") -> None:
-        self.conn = conn
+    def __init__(self, db: Fpc1Db | psycopg.Connection[Any], algorithm: str = "SM4") -> None:
+        self.db = PgFpc1Db(db) if isinstance(db, psycopg.Connection) else db
         self.plain: dict[tuple[str, int, str], bytes] = {}
-        conn.execute((TEST_DATA / "fpc1_generic.sql").read_text(encoding="utf-8"))
+        self.db.create_schema()
         a = algorithm
         self.dc_rows: dict[int, tuple[int, bool, str | None]] = {
             # id: (tenant, deleted, password)
@@ -146,9 +153,9 @@ class Forge:
             7: (2, False, self._v("dc", 7, "password", "legacy")),
         }
         for row_id, (tenant, deleted, pw) in self.dc_rows.items():
-            conn.execute("INSERT INTO data_connections (id, tenant_id, name, password, deleted, updated_at) "
-                         "VALUES (%s, %s, %s, %s, %s, '2020-01-01T00:00:00Z')",
-                         (row_id, tenant, f"conn{row_id}", pw, deleted))
+            self.db.execute("INSERT INTO data_connections (id, tenant_id, name, password, deleted, updated_at) "
+                            f"VALUES (%s, %s, %s, %s, %s, {self.db.timestamp})",
+                            (row_id, tenant, f"conn{row_id}", pw, deleted))
         self.lc_rows: dict[int, tuple[int, bool, dict[str, Any]]] = {
             1: (1, False, {"host": "db1", "password": self._v("lc", 1, "$.password", "k1", a),
                            "token": self._v("lc", 1, "$.token", "legacy"), "port": 5432}),
@@ -158,9 +165,9 @@ class Forge:
             4: (1, False, {"host": "plain only"}),
         }
         for row_id, (tenant, deleted, doc) in self.lc_rows.items():
-            conn.execute("INSERT INTO lowcode_configs (id, tenant_id, deleted, config_key, encrypt_config, updated_at) "
-                         "VALUES (%s, %s, %s, %s, %s, '2020-01-01T00:00:00Z')",
-                         (row_id, tenant, deleted, f"form{row_id}", json.dumps(doc, indent=1)))
+            self.db.execute("INSERT INTO lowcode_configs (id, tenant_id, deleted, config_key, encrypt_config, "
+                            f"updated_at) VALUES (%s, %s, %s, %s, %s, {self.db.timestamp})",
+                            (row_id, tenant, deleted, f"form{row_id}", json.dumps(doc, indent=1)))
 
     def _v(self, table: str, row_id: int, field: str, key: str, algorithm: str = "SM4") -> str:
         plaintext = f"secret {table}{row_id}{field} пароль {secrets.token_hex(4)}".encode()
@@ -170,18 +177,16 @@ class Forge:
         return fpc1(key, {"k1": K1, "k2": K2}[key], plaintext, algorithm)
 
     def snapshot(self) -> list[tuple[Any, ...]]:
-        rows = self.conn.execute("SELECT * FROM data_connections ORDER BY id").fetchall()
-        rows += self.conn.execute("SELECT * FROM lowcode_configs ORDER BY id").fetchall()
+        rows = self.db.execute("SELECT * FROM data_connections ORDER BY id")
+        rows += self.db.execute("SELECT * FROM lowcode_configs ORDER BY id")
         return rows
 
     def password(self, row_id: int) -> str | None:
-        row = self.conn.execute("SELECT password FROM data_connections WHERE id = %s", (row_id,)).fetchone()
-        assert row is not None
+        [row] = self.db.execute("SELECT password FROM data_connections WHERE id = %s", (row_id,))
         return row[0]  # type: ignore[no-any-return]
 
     def config(self, row_id: int) -> str:
-        row = self.conn.execute("SELECT encrypt_config FROM lowcode_configs WHERE id = %s", (row_id,)).fetchone()
-        assert row is not None
+        [row] = self.db.execute("SELECT encrypt_config FROM lowcode_configs WHERE id = %s", (row_id,))
         return row[0]  # type: ignore[no-any-return]
 
     def stored_values(self) -> list[str]:
@@ -203,10 +208,10 @@ def report_counts(report: rotation.RunReport) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("algorithm", ["SM4", "AES"])
 def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_same(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, algorithm: str) -> None:
-    forge = Forge(pg_conn, algorithm)
+        db: Fpc1Db, keys_file: Path, algorithm: str) -> None:
+    forge = Forge(db, algorithm)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     docs_before = {i: forge.config(i) for i in forge.lc_rows}
 
     report = rotation.run_rotation(settings, expected_key="k2")
@@ -238,9 +243,8 @@ def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_s
         # Only the encrypted strings changed: every other byte of the document is as written.
         assert rewritten == docs_before[row_id]
     assert forge.config(3) == docs_before[3] and forge.config(4) == docs_before[4]
-    untouched = pg_conn.execute("SELECT count(*) FROM data_connections WHERE version = 1 AND "
-                                "updated_at = '2020-01-01T00:00:00Z'").fetchone()
-    assert untouched == (7,)
+    untouched = db.execute(f"SELECT count(*) FROM data_connections WHERE version = 1 AND updated_at = {db.timestamp}")
+    assert untouched == [(7,)]
 
     inv = rotation.inventory(settings).targets
     assert inv[DC].counts["ACTIVE"] == 5 and inv[LC].counts["ACTIVE"] == 4
@@ -257,19 +261,20 @@ def test_legacy_and_historical_values_move_to_the_active_key_and_read_back_the_s
 
 
 def test_jsonb_column_fields_are_rewritten_with_compare_and_swap(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    pg_conn.execute("CREATE TABLE forms (id uuid PRIMARY KEY, cfg jsonb, other jsonb)")
+        db: Fpc1Db, keys_file: Path) -> None:
+    db.execute(f"CREATE TABLE forms (id uuid PRIMARY KEY, cfg {db.json_type}, other {db.json_type})")
     plaintext = b"jsonb secret"
     ids = [uuid.uuid4() for _ in range(3)]
     for i in ids:
         doc = {"auth": {"secret": fpc1("k1", K1, plaintext)}, "n": 1.5, "list": [1, 2]}
-        pg_conn.execute("INSERT INTO forms VALUES (%s, %s::jsonb, '{\"a\": 1}')", (i, json.dumps(doc)))
+        db.execute("INSERT INTO forms VALUES (%s, %s, '{\"a\": 1}')", (str(i), json.dumps(doc)))
     write_keys(keys_file)
-    settings = custom_settings(database_url, keys_file, {"table": "forms", "columns": ["cfg"],
+    settings = custom_settings(db.url, keys_file, {"table": "forms", "columns": ["cfg"],
                                                          "json_paths": {"cfg": ["$.auth.secret"]}})
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.exit_code == 0 and report.targets["T"].reencrypted == 3
-    for (cfg,) in pg_conn.execute("SELECT cfg FROM forms").fetchall():
+    for (cfg,) in db.execute("SELECT cfg FROM forms"):
+        cfg = db.json_value(cfg)
         assert parse_fpc1(cfg["auth"]["secret"]).key_id == "k2"
         assert decrypt(cfg["auth"]["secret"]) == plaintext
         assert cfg["n"] == 1.5 and cfg["list"] == [1, 2]
@@ -279,15 +284,15 @@ def test_jsonb_column_fields_are_rewritten_with_compare_and_swap(
 
 
 def test_dry_run_writes_nothing_and_reports_the_counts_of_the_real_run(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     # Make every count non-trivial: an unparseable value, a missing key, a value that does not decrypt.
-    pg_conn.execute("UPDATE data_connections SET password = 'not a ciphertext' WHERE id = 3")
-    pg_conn.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES "
+    db.execute("UPDATE data_connections SET password = 'not a ciphertext' WHERE id = 3")
+    db.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES "
                     "(8, 1, 'c8', %s), (9, 2, 'c9', %s)",
                     (fpc1("k9", secrets.token_bytes(16), b"gone"), tampered(fpc1("k1", K1, b"broken"))))
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     before = forge.snapshot()
 
     dry = rotation.run_rotation(settings, dry_run=True)
@@ -302,26 +307,26 @@ def test_dry_run_writes_nothing_and_reports_the_counts_of_the_real_run(
 
 
 def test_a_dry_run_needs_no_expected_key_version_and_runs_read_only(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file, write_versioned=False)
+    settings = forge_settings(db.url, keys_file, write_versioned=False)
     before = forge.snapshot()
     report = rotation.run_rotation(settings, dry_run=True)
     assert report.exit_code == 0 and report.targets[DC].reencrypted == 4
     assert forge.snapshot() == before
-    stats = pg_conn.execute("SELECT sum(n_tup_upd) FROM pg_stat_user_tables").fetchone()
-    assert stats is not None and not stats[0]
+    [stats] = db.execute("SELECT sum(n_tup_upd) FROM pg_stat_user_tables")
+    assert not stats[0]
 
 
 def test_fpc1_targets_drain_with_several_workers_like_the_others(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+        db: Fpc1Db, keys_file: Path) -> None:
     """max_degree_of_parallelism splits an fpc1 backlog into id ranges, one worker each, as for the
     row-locked schemes: the same counts as one worker, every value on the active key."""
-    forge = Forge(pg_conn)
+    forge = Forge(db)
     write_keys(keys_file)
     raw = tomllib.loads((TEST_DATA / "fpc1_generic.toml").read_text(encoding="utf-8"))
-    raw["database"] = {"url": database_url}
+    raw["database"] = {"url": db.url}
     raw["keys"]["file"] = str(keys_file)
     raw["job"].update(batch_size=1, inter_batch_delay=0, max_degree_of_parallelism=3)
     settings = settings_from_mapping(raw, env={})
@@ -352,22 +357,22 @@ def drain_with_hook(settings: Settings, target: str, hook: Callable[[int, Sequen
         rotation.resolve_all(ctx)
         options = DrainOptions(batch_size=settings.job.batch_size, run_id=ctx.run_id, tenant=tenant,
                                before_write=hook)
-        return Drain(ctx.engine, ctx.schemes[target], options).run()
+        return ctx.commands.drain(ctx.engine, ctx.schemes[target], options)
     finally:
         ctx.close()
 
 
 def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, pinrotate_home: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path, pinrotate_home: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     app_value = fpc1("k2", K2, b"the user's new password")
 
     def application_edits(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
             assert 2 in ids
-            pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 2", (app_value,))
+            db.execute("UPDATE data_connections SET password = %s WHERE id = 2", (app_value,))
 
     result = drain_with_hook(settings, DC, application_edits)
 
@@ -386,11 +391,11 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
     assert {c: n for c, n in gate.blocking.items() if n} == {"CONFLICT": 1, "EXCLUDED": 2}  # + soft-deleted
 
     # The record lives in the database (pinrotate.conflicts), counts and names only; no file.
-    rows = pg_conn.execute("SELECT target, tenant, conflicts, run_id FROM pinrotate.conflicts").fetchall()
+    rows = db.conflict_rows()
     assert [r[:3] for r in rows] == [(DC, "1", 1)]
     text = repr(rows)
     assert not list(pinrotate_home.glob("state/*"))
-    assert_secret_free(text, app_value, database_url, *forge.stored_values(),
+    assert_secret_free(text, app_value, db.url, *forge.stored_values(),
                        *(p.decode() for p in forge.plain.values()), K1, K2, LEGACY)
 
     # A later clean run clears it, and the gate opens.
@@ -401,10 +406,10 @@ def test_an_edit_between_read_and_write_is_a_conflict_and_the_edit_is_kept(
 
 
 def test_an_edit_inside_a_json_document_is_a_conflict_and_the_document_is_kept(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     edited: dict[str, str] = {}
 
     def application_edits(batch: int, ids: Sequence[Any]) -> None:
@@ -412,7 +417,7 @@ def test_an_edit_inside_a_json_document_is_a_conflict_and_the_document_is_kept(
             doc = json.loads(forge.config(1))
             doc["host"] = "db1-new"  # a clear field: the whole document's CAS must still fail
             edited["text"] = json.dumps(doc)
-            pg_conn.execute("UPDATE lowcode_configs SET encrypt_config = %s WHERE id = 1", (edited["text"],))
+            db.execute("UPDATE lowcode_configs SET encrypt_config = %s WHERE id = 1", (edited["text"],))
 
     result = drain_with_hook(settings, LC, application_edits)
     assert result.conflicts == 2  # both stale fields of that document
@@ -421,14 +426,14 @@ def test_an_edit_inside_a_json_document_is_a_conflict_and_the_document_is_kept(
 
 
 def test_deleting_a_row_between_read_and_write_is_a_conflict_and_it_stays_untouched(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
 
     def application_deletes(batch: int, ids: Sequence[Any]) -> None:
         if batch == 1:
-            pg_conn.execute("UPDATE data_connections SET deleted = true WHERE id = 1")
+            db.execute("UPDATE data_connections SET deleted = true WHERE id = 1")
 
     result = drain_with_hook(settings, DC, application_deletes)
     assert result.conflicts == 1 and forge.password(1) == forge.dc_rows[1][2]
@@ -438,17 +443,17 @@ def test_deleting_a_row_between_read_and_write_is_a_conflict_and_it_stays_untouc
 
 
 def test_a_tenant_run_changes_only_that_tenant_and_the_gate_counts_every_tenant(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
-    other_before = pg_conn.execute("SELECT * FROM data_connections WHERE tenant_id = 2 ORDER BY id").fetchall()
+    settings = forge_settings(db.url, keys_file)
+    other_before = db.execute("SELECT * FROM data_connections WHERE tenant_id = 2 ORDER BY id")
 
     report = rotation.run_rotation(settings, expected_key="k2", tenant="1")
 
     assert report.exit_code == 0
     assert report.targets[DC].reencrypted == 2 and report.targets[LC].reencrypted == 2
-    assert pg_conn.execute("SELECT * FROM data_connections WHERE tenant_id = 2 ORDER BY id").fetchall() == other_before
+    assert db.execute("SELECT * FROM data_connections WHERE tenant_id = 2 ORDER BY id") == other_before
     assert parse_fpc1(json.loads(forge.config(2))["token"]).key_id == "k1"
 
     scoped = rotation.inventory(settings, tenant="1").targets[DC]
@@ -466,10 +471,10 @@ def test_a_tenant_run_changes_only_that_tenant_and_the_gate_counts_every_tenant(
 
 
 def test_soft_deleted_rows_are_never_touched_and_are_counted_as_excluded(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     deleted_before = forge.password(5), forge.config(3)
 
     rotation.run_rotation(settings, expected_key="k2")
@@ -519,17 +524,17 @@ BLOCKED_CASES = {
 
 @pytest.mark.parametrize("cause", list(BLOCKED_CASES))
 def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_run(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, cause: str) -> None:
+        db: Fpc1Db, keys_file: Path, cause: str) -> None:
     ddl, target, reason = BLOCKED_CASES[cause]
-    pg_conn.execute(ddl)
+    db.execute(ddl)
     if cause != "missing table":
         # 40 bytes of plaintext: 48 padded bytes, 64 base64 characters as legacy, 76 once FPC1:SM4 under "k2".
-        pg_conn.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)" if "composite" not in cause else
+        db.execute("INSERT INTO creds (id, pw) VALUES (1, %s), (2, %s)" if "composite" not in cause else
                         "INSERT INTO creds (id, k, pw) VALUES (1, 1, %s), (2, 1, %s)",
                         (legacy_ecb(b"x" * 40), fpc1("k1", K1, b"short")))
     write_keys(keys_file)
-    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"], **target})
-    before = pg_conn.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds").fetchall()
+    settings = custom_settings(db.url, keys_file, {"table": "creds", "columns": ["pw"], **target})
+    before = db.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds")
 
     inv = rotation.inventory(settings).targets["T"]
     assert inv.counts["BLOCKED"] == 1 and reason in (inv.blocked_reason or "")
@@ -539,7 +544,7 @@ def test_each_blocked_cause_blocks_the_inventory_and_the_gate_and_refuses_the_ru
         rotation.run_rotation(settings, expected_key="k2")
     with pytest.raises(ConfigError):
         rotation.run_rotation(settings, dry_run=True)
-    after = pg_conn.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds").fetchall()
+    after = db.execute("SELECT * FROM other" if cause == "missing table" else "SELECT * FROM creds")
     assert after == before
 
 
@@ -564,16 +569,15 @@ def test_a_read_only_connection_refuses_the_run_but_inventory_and_gate_read_thro
 
 
 def test_a_column_wide_enough_for_every_new_value_is_not_blocked(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(76))")
-    pg_conn.execute("INSERT INTO creds VALUES (1, %s)", (legacy_ecb(b"x" * 40),))
+        db: Fpc1Db, keys_file: Path) -> None:
+    db.execute("CREATE TABLE creds (id bigint PRIMARY KEY, pw varchar(76))")
+    db.execute("INSERT INTO creds VALUES (1, %s)", (legacy_ecb(b"x" * 40),))
     write_keys(keys_file)
-    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["pw"]})
+    settings = custom_settings(db.url, keys_file, {"table": "creds", "columns": ["pw"]})
     assert rotation.inventory(settings).targets["T"].counts["BLOCKED"] == 0
     report = rotation.run_rotation(settings, expected_key="k2")
     assert report.exit_code == 0 and report.targets["T"].reencrypted == 1
-    row = pg_conn.execute("SELECT length(pw) FROM creds").fetchone()
-    assert row == (76,)
+    assert db.execute("SELECT length(pw) FROM creds") == [(76,)]
 
 
 @pytest.mark.parametrize("algorithm", ["SM4", "AES"])
@@ -595,17 +599,17 @@ def test_length_after_migration_is_known_from_the_stored_value(algorithm: str, s
 
 
 def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails_closed(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     missing_key_value = fpc1("k9", secrets.token_bytes(16), b"under a key we lost")
     broken = tampered(fpc1("k1", K1, b"bit rot"))
-    pg_conn.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES "
+    db.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES "
                     "(10, 1, 'c10', 'plain text password'), (11, 1, 'c11', %s), (12, 1, 'c12', %s)",
                     (missing_key_value, broken))
-    pg_conn.execute("INSERT INTO lowcode_configs (id, tenant_id, config_key, encrypt_config) VALUES "
+    db.execute("INSERT INTO lowcode_configs (id, tenant_id, config_key, encrypt_config) VALUES "
                     "(10, 1, 'f10', 'not json'), (11, 1, 'f11', '{\"password\": 42}')")
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
 
     inv = rotation.inventory(settings, deep=True).targets
     assert inv[DC].counts["UNKNOWN"] == 1 and inv[DC].counts["UNKNOWN_KEY"] == 1
@@ -635,27 +639,27 @@ def test_unknown_and_unknown_key_values_are_counted_left_alone_and_the_run_fails
 
 
 def test_in_a_row_with_two_stale_fields_each_value_is_decided_on_its_own(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+        db: Fpc1Db, keys_file: Path) -> None:
     """Each value alone: the good one (legacy) moves, the bad one (k1, its padding fails) is FAILED.
     (Its key k1 is held back for the run: no k1 value would move; the legacy key is not.)"""
-    pg_conn.execute("CREATE TABLE creds (id bigint PRIMARY KEY, a text, b text)")
+    db.execute("CREATE TABLE creds (id bigint PRIMARY KEY, a text, b text)")
     good = legacy_ecb(b"fine")
     bad = tampered(fpc1("k1", K1, b"broken"))
-    pg_conn.execute("INSERT INTO creds VALUES (1, %s, %s)", (good, bad))
+    db.execute("INSERT INTO creds VALUES (1, %s, %s)", (good, bad))
     write_keys(keys_file)
-    settings = custom_settings(database_url, keys_file, {"table": "creds", "columns": ["a", "b"]})
+    settings = custom_settings(db.url, keys_file, {"table": "creds", "columns": ["a", "b"]})
     report = rotation.run_rotation(settings, expected_key="k2")
     result = report.targets["T"]
     assert result.reencrypted == 1 and [(f.columns, f.reason) for f in result.failed] == [(("b",), "decrypt_failed")]
-    row = pg_conn.execute("SELECT a, b FROM creds").fetchone()
-    assert row is not None and parse_fpc1(row[0]).key_id == "k2" and decrypt(row[0]) == b"fine" and row[1] == bad
+    [row] = db.execute("SELECT a, b FROM creds")
+    assert parse_fpc1(row[0]).key_id == "k2" and decrypt(row[0]) == b"fine" and row[1] == bad
 
 
 def test_legacy_values_are_counted_but_not_migrated_while_legacy_reading_is_off(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file, legacy_read_enabled=False)
+    settings = forge_settings(db.url, keys_file, legacy_read_enabled=False)
     report = rotation.run_rotation(settings, expected_key="k2")
     dc = report.targets[DC]
     assert report.exit_code == 0
@@ -670,10 +674,10 @@ def test_legacy_values_are_counted_but_not_migrated_while_legacy_reading_is_off(
 
 
 def test_the_gate_opens_only_when_every_blocking_count_is_zero(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     first = retire_gate(settings, "k1")
     assert not first.open and first.blocking["HISTORICAL"] == 4
     legacy = retire_gate(settings, "legacy")
@@ -681,7 +685,7 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
     with pytest.raises(ConfigError, match="key k2 is the current key"):  # the active key is never free to go
         retire_gate(settings, "k2")
 
-    pg_conn.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
+    db.execute("UPDATE data_connections SET password = 'garbage' WHERE id = 3")
     rotation.run_rotation(settings, expected_key="k2")
     for key, also in (("k1", {"EXCLUDED": 2}), ("legacy", {})):  # k1: + the soft-deleted rows
         gate = retire_gate(settings, key, erase_excluded=True)
@@ -690,7 +694,7 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
         assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"UNKNOWN": 1, **also}
 
     # The application rewrites the bad value; now nothing is left and nothing could be hiding.
-    pg_conn.execute("UPDATE data_connections SET password = %s WHERE id = 3", (fpc1("k2", K2, b"fixed"),))
+    db.execute("UPDATE data_connections SET password = %s WHERE id = 3", (fpc1("k2", K2, b"fixed"),))
     for key in ("k1", "legacy"):
         gate = retire_gate(settings, key, erase_excluded=True)  # k1: the soft-deleted rows are accepted lost
         assert gate.open and not any(gate.blocking.values())
@@ -705,10 +709,10 @@ def test_the_gate_opens_only_when_every_blocking_count_is_zero(
 
 
 def test_write_versioned_false_refuses_a_real_run_and_touches_nothing(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file, write_versioned=False)
+    settings = forge_settings(db.url, keys_file, write_versioned=False)
     before = forge.snapshot()
     with pytest.raises(RefusedToStart, match="write_versioned"):
         rotation.run_rotation(settings, expected_key="k2")
@@ -716,10 +720,10 @@ def test_write_versioned_false_refuses_a_real_run_and_touches_nothing(
 
 
 def test_a_wrong_or_missing_expected_key_version_refuses_and_touches_nothing(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file)
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     before = forge.snapshot()
     for expected in ("k1", "K2", None):
         with pytest.raises(RefusedToStart, match="expected-key-version"):
@@ -728,10 +732,10 @@ def test_a_wrong_or_missing_expected_key_version_refuses_and_touches_nothing(
 
 
 def test_a_keyring_fpc1_cannot_use_stops_the_start_and_touches_nothing(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    forge = Forge(pg_conn)
+        db: Fpc1Db, keys_file: Path) -> None:
+    forge = Forge(db)
     write_keys(keys_file, keys={"k1": K1, "k2": secrets.token_bytes(32)})  # fpc1 keys are 16 bytes
-    settings = forge_settings(database_url, keys_file)
+    settings = forge_settings(db.url, keys_file)
     before = forge.snapshot()
     for dry_run in (True, False):
         with pytest.raises(ConfigError, match="key k2: fpc1 keys must be 16 bytes"):
@@ -743,10 +747,11 @@ def test_a_keyring_fpc1_cannot_use_stops_the_start_and_touches_nothing(
 
 
 def test_first_run_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_inventory_never_does(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    Forge(pg_conn)
-    pg_conn.execute("DELETE FROM data_connections; DELETE FROM lowcode_configs")
-    settings = forge_settings(database_url, keys_file)
+        db: Fpc1Db, keys_file: Path) -> None:
+    Forge(db)
+    db.execute("DELETE FROM data_connections")
+    db.execute("DELETE FROM lowcode_configs")
+    settings = forge_settings(db.url, keys_file)
     assert not keys_file.exists()
     # A read never makes up a keyring: inventory refuses, naming the file.
     with pytest.raises(ConfigError, match="does not exist"):
@@ -762,7 +767,7 @@ def test_first_run_of_the_file_provider_bootstraps_one_16_byte_fpc1_key_and_inve
     assert re.fullmatch(r"bootstrap-[0-9a-f]{12}", keyring.current) and inv.current_key == keyring.current
     assert [len(k.material) for k in keyring.keys.values()] == [16]
     value = fpc1(keyring.current, keyring.keys[keyring.current].material, b"first password")
-    pg_conn.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES (1, 1, 'c', %s)", (value,))
+    db.execute("INSERT INTO data_connections (id, tenant_id, name, password) VALUES (1, 1, 'c', %s)", (value,))
     report = rotation.run_rotation(settings, expected_key=keyring.current)
     assert report.exit_code == 0 and report.targets[DC].reencrypted == 0
     assert rotation.inventory(settings).targets[DC].counts["ACTIVE"] == 1

@@ -13,7 +13,8 @@ value verified by decrypting it before it is planned); the write is one transact
 (``batch_transaction``: READ COMMITTED, the session's ``innodb_lock_wait_timeout`` from
 ``job.lock_timeout``) through the room's ``MySqlCasGuard``: rows the application holds are skipped
 (``SKIP LOCKED``, never waited on), a row whose values are no longer the ones read is not written
-(CONFLICT, exact bytes), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
+(CONFLICT, exact bytes; ``fpc1``: unless another run moved them meanwhile, same plaintext on the
+active key, which is done, ``settled_elsewhere``, as on PostgreSQL), ``ON UPDATE CURRENT_TIMESTAMP`` columns keep their value, and what the
 server stored is read back and compared before COMMIT (a row that stored something else, a
 trigger's doing, rolls the batch back and is FAILED, ``not_stored``: the batch is written again
 without it, as on PostgreSQL); a connection lost during the COMMIT itself is an unknown outcome,
@@ -58,6 +59,7 @@ from ...drain.results import (
     CommitUnknown,
     DrainResult,
     commit_unknown_note,
+    natural_id_order,
 )
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
@@ -68,11 +70,12 @@ from ...errors import ConfigError, DatabaseError, KeyUnavailable, TargetBlocked,
 from ...keyring import Keyring
 from ...log import log_event
 from ...schemes.base import DECRYPT_FAILED, NOT_STORED, FailedRow, Scheme
+from ...schemes.fpc1 import Fpc1Scheme
 from ...schemes.registry import build_scheme
 from ..base import count_read_back
 from .bookkeeping import record_conflicts_mysql, tenant_key
 from .inventory import capacity_blocker
-from .selection import ALIAS, count_backlog, read_batch, stale_rows, stale_where
+from .selection import ALIAS, count_backlog, read_batch, rows_in_scope, stale_rows, stale_where
 from .targets import read_table, resolve_mysql_target
 
 WRITABLE = ("aesgcm", "fpc1", "vault-transit")
@@ -160,6 +163,8 @@ def drain(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResu
         result.error = result.error or f"target {t.name}: {result.state_error}"
         log_event("state_not_saved", level=40, run_id=options.run_id or None, target=t.name,
                   error=result.state_error)
+    # The pre-pass lists its rows first: the report lists them in id order, as on PostgreSQL.
+    result.failed.sort(key=lambda f: (natural_id_order(f.id), f.reason))
     result.duration_ms = (time.monotonic() - began) * 1000
     log_event("target_completed", run_id=options.run_id or None, target=t.name, shard=options.shard or None,
               reencrypted=result.reencrypted, failed=len(result.failed), conflicts=result.conflicts or None,
@@ -234,8 +239,9 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 break
             lo = rows[-1][0]
             batch_no += 1
+            result.batches += 1  # every batch read, written or not, dry or not: as on PostgreSQL
             plan = scheme.plan(rows, known_failed)
-            if options.before_write is not None:  # between the batch's read and its write (tests' races)
+            if options.before_write is not None:  # between the batch's read and its write, as on PostgreSQL
                 options.before_write(batch_no, [r[0] for r in rows])
             for f in plan.failed:
                 if f.id not in known_failed:
@@ -280,11 +286,14 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                     moved = sum(weight[i] for i in outcome.written)
                     tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
                                           (f.reason for f in plan.failed))
-                result.batches += 1
                 result.reencrypted += moved
                 result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
                 if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
+                    settled = _settled_elsewhere(conn, scheme, tenant, read, outcome.changed)
                     for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
+                        if row_id in settled:  # moved by another run meanwhile: done, not a CONFLICT
+                            result.counts["settled_elsewhere"] = result.counts.get("settled_elsewhere", 0) + weight[row_id]
+                            continue
                         by = tenant_key(read[row_id][1])
                         conflicts += weight[row_id]
                         result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
@@ -308,6 +317,21 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
     if result.stopped in (STOP_DB_ERROR, STOP_KEY_UNAVAILABLE, STOP_THROTTLE_CRITICAL):
         log_event("batch_failed", level=40, run_id=options.run_id or None, target=t.name, worker=0,
                   reason=result.stopped, error=result.error)
+
+
+def _settled_elsewhere(conn: MySqlConnection, scheme: Scheme, tenant: str | None, read: dict[Any, tuple[Any, ...]],
+                       changed: Sequence[Any]) -> set[Any]:
+    """fpc1: the rows not written because they changed since they were read whose values another
+    run moved meanwhile (on the active key, the same plaintext, nothing else changed:
+    ``Fpc1Scheme.settled``), as ``drain.guard_cas`` settles its misses on PostgreSQL. An
+    application's edit, or a row gone or out of scope, stays a CONFLICT."""
+    if not changed or not isinstance(scheme, Fpc1Scheme):
+        return set()
+    columns = scheme.target.columns
+    now = rows_in_scope(conn, scheme, tenant, changed)
+    return {row_id for row_id, row in now.items()
+            if all(n == r or scheme.settled(c, r, n) for c, r, n in zip(columns, read[row_id][2:], row[2:], strict=True))
+            and row[2:] != read[row_id][2:]}
 
 
 def _write_stored(conn: MySqlConnection, guard: MySqlCasGuard, rows: Sequence[CasRow], options: DrainOptions,

@@ -63,6 +63,22 @@ def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: An
         return [tuple(r) for r in cur.fetchall()]
 
 
+def rows_in_scope(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
+                  ids: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
+    """The rows of ``ids`` still in scope, stale or not: ``(id, *read_list)`` by id (a row gone or
+    out of scope is absent)."""
+    if not ids:
+        return {}
+    t = scheme.target.settings
+    idcol = ops.column(t.id, ALIAS)
+    statement = (f"SELECT {idcol}, {', '.join(scheme.read_list(ops, ALIAS))}"
+                 f" FROM {ops.relation(t.schema_name, t.table_name, ALIAS)}"
+                 f" WHERE {idcol} IN ({', '.join(['%s'] * len(ids))}) AND {scope_condition(t, tenant, ops, ALIAS)}")
+    with conn.cursor() as cur:
+        cur.execute(statement, tuple(ids))
+        return {r[0]: tuple(r) for r in cur.fetchall()}
+
+
 def stale_rows(conn: MySqlConnection, scheme: Scheme, id_range: tuple[Any, Any]) -> Iterator[tuple[Any, ...]]:
     """Every stale row of the whole target, every tenant and every id, in one unbuffered pass:
     ``(id, in id_range, *read_list)`` (the range told by the server: its order is the id's)."""

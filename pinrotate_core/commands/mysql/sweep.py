@@ -10,10 +10,12 @@ what ``[gate] discover_skip`` vouches for, is read completely:
 - binary ciphertexts by trying the keys on every value and on every base64 / hex token of a text
   value (``gate.sweep_trial.TrialKeys``, the same as on PostgreSQL).
 
+A target's JSON column is searched outside its configured ``json_paths`` (``gate.sweep_reads.outside_paths``,
+in Python, as on PostgreSQL: JSON escapes decoded).
+
 Fail closed: a column the role cannot read is UNREADABLE; a table outside the snapshot (MyISAM,
-Aria, MEMORY), the values outside a target's ``json_paths`` (not searched on MySQL yet) and, when
-the role lacks a global SELECT, the tables ``information_schema`` hides from it are UNSWEPT; a table
-that fails to read is UNREADABLE. Counts and names only, never a value. ``inventory --discover``
+Aria, MEMORY) and, when the role lacks a global SELECT, the tables ``information_schema`` hides from
+it are UNSWEPT; a table that fails to read is UNREADABLE. Counts and names only, never a value. ``inventory --discover``
 runs the same sweep in a snapshot of its own (``discover_mysql``).
 """
 
@@ -36,7 +38,7 @@ from ...engines.mysql.sweep import stream_values
 from ...errors import DatabaseError
 from ...forge_discovery import with_forge_targets
 from ...gate.discover import Discovery
-from ...gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find
+from ...gate.sweep_reads import FPC1_FIND, TRANSIT_FIND, Find, outside_paths
 from ...gate.sweep_trial import TOKEN, TrialKeys
 from ...keyring import Keyring
 from ...providers import build_provider
@@ -65,13 +67,17 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
     out = Discovery(server_side=keyring.server_side)
     here = _current_database(conn)
     configured: set[tuple[str, str, str]] = set()
+    json_paths: dict[tuple[str, str, str], tuple[str, ...] | None] = {}  # None: a target takes the whole column
     for t in settings.targets:
         schema = t.schema_name or here
         for c in t.columns:
-            if t.json_paths and c in t.json_paths:
-                out.unswept[f"{schema}.{t.table_name}.{c}"] = ("values outside the configured json_paths are not "
-                                                               "searched on MySQL / MariaDB yet")
-            configured.add((schema, t.table_name, c))
+            where = (schema, t.table_name, c)
+            paths = t.json_paths.get(c)
+            if paths is None or json_paths.get(where, ()) is None:
+                json_paths[where] = None
+            else:
+                json_paths[where] = (*(json_paths.get(where) or ()), *paths)
+            configured.add(where)
     if not GATE_CHECKS.sees_every_table(conn):
         out.unswept["tables hidden from this role"] = ("information_schema shows only the tables the role holds a "
                                                        "privilege on: GRANT SELECT ON *.* to the gate's role")
@@ -92,6 +98,16 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
     keys = None if keyring.server_side else TrialKeys(keyring, key_ids)
     marker = "vault:v" if keyring.server_side else "FPC1:"
     pattern = re.compile(TRANSIT_FIND if keyring.server_side else FPC1_FIND)
+    for (schema, table, name), paths in json_paths.items():
+        if paths is not None:
+            column = CandidateColumn(schema, table, name, "json", binary=False, readable=True)
+            try:
+                found = _outside_paths(conn, column, paths, marker, pattern)
+            except DatabaseError as e:
+                out.unreadable[column.label] = str(e)
+                continue
+            if found:
+                out.finds.append(Find(column.label, dict(found), "pattern"))
     for (schema, table), group in groupby(candidates, key=lambda c: (c.schema, c.table)):
         columns = list(group)
         try:
@@ -116,6 +132,18 @@ def discover_mysql(settings: Settings) -> Discovery:
             return sweep_mysql(conn, settings, keyring)
     finally:
         engine.dispose()
+
+
+def _outside_paths(conn: MySqlConnection, column: CandidateColumn, paths: tuple[str, ...], marker: str,
+                   pattern: re.Pattern[str]) -> Counter[str]:
+    """Key ids of a configured JSON column's values outside ``paths`` (a marker written with a ``\\u``
+    escape too: every value holding either is parsed)."""
+    counts: Counter[str] = Counter()
+    for _, value in stream_values(conn, [column]):
+        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+        if marker in text or "\\u" in text:
+            counts.update(outside_paths(text, paths, pattern))
+    return counts
 
 
 def _table_finds(conn: MySqlConnection, columns: list[CandidateColumn], marker: str, pattern: re.Pattern[str],

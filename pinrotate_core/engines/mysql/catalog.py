@@ -21,6 +21,7 @@ from .operations import OPERATIONS as ops
 
 # ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR: a privilege the role lacks.
 _DENIED = frozenset({1142, 1143})
+_NO_SUCH_COLUMN = 1054  # ER_BAD_FIELD_ERROR: a configured column the table does not have (check_shape names it)
 # Every variable that can make this connection unable to write, on MySQL 8 or MariaDB (each knows
 # some of them: MariaDB < 11.1 has tx_read_only, MySQL 8 transaction_read_only and super_read_only).
 READ_ONLY_VARIABLES = ("read_only", "super_read_only", "innodb_read_only", "transaction_read_only", "tx_read_only")
@@ -103,10 +104,12 @@ def missing_privileges(conn: MySqlConnection, schema: str, table: str, *, select
     """(privilege, column) for each column the role may not SELECT (``select``) or UPDATE
     (``update``) on ``schema.table``, as the server decides: an ``EXPLAIN`` of the statement a run
     sends, which is checked for privileges and never executed. One probe for all; one per column
-    only when it is refused, to name them."""
+    only when it is refused (or names a column the table does not have), to name them. An absent
+    column lacks no privilege: the target's shape check reports it (BLOCKED), not this one."""
     relation = ops.relation(schema, table)
 
-    def refused(statement: str) -> bool:
+    def refused(statement: str) -> bool | None:
+        """True: refused; None: a column of it does not exist; False: allowed."""
         try:
             with conn.cursor() as cur:
                 cur.execute(f"EXPLAIN {statement}", ())  # () : the quoted names' %% become %
@@ -114,6 +117,8 @@ def missing_privileges(conn: MySqlConnection, schema: str, table: str, *, select
         except pymysql.err.MySQLError as e:
             if error_number(e) in _DENIED:
                 return True
+            if error_number(e) == _NO_SUCH_COLUMN:
+                return None
             raise DatabaseError(f"table {schema}.{table}: cannot check the privileges ({describe_db_error(e)})") from None
         return False
 
@@ -125,8 +130,8 @@ def missing_privileges(conn: MySqlConnection, schema: str, table: str, *, select
 
     missing: list[tuple[str, str]] = []
     for privilege, columns, statement in (("SELECT", list(select), reading), ("UPDATE", list(update), writing)):
-        if columns and refused(statement(columns)):
-            missing += [(privilege, c) for c in columns if refused(statement([c]))]
+        if columns and refused(statement(columns)) is not False:
+            missing += [(privilege, c) for c in columns if refused(statement([c])) is True]
     return tuple(missing)
 
 
