@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from fnmatch import fnmatchcase
 from itertools import groupby
 
@@ -59,8 +59,12 @@ def _skipped(label: str, table: str, globs: Sequence[str]) -> str | None:
 
 
 def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
-                key_ids: Sequence[str] | None = None) -> Discovery:
-    """The sweep on ``conn``, which must be inside the gate's snapshot (``GATE_CHECKS.snapshot``)."""
+                key_ids: Sequence[str] | None = None,
+                tables_before: Collection[tuple[str, str]] = ()) -> Discovery:
+    """The sweep on ``conn``, which must be inside the gate's snapshot (``GATE_CHECKS.snapshot``).
+    ``tables_before``: ``GATE_CHECKS.candidate_tables`` read right before the snapshot began; one of
+    them the catalog no longer shows was dropped or renamed since, its rows at the snapshot unread:
+    UNREADABLE, never nothing there (a renamed one is also read under its new name)."""
     started = time.monotonic()
     out = Discovery(server_side=keyring.server_side)
     here = _current_database(conn)
@@ -76,7 +80,16 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
         out.unswept["tables hidden from this role"] = ("information_schema shows only the tables the role holds a "
                                                        "privilege on: GRANT SELECT ON *.* to the gate's role")
     candidates: list[CandidateColumn] = []
-    for column in GATE_CHECKS.candidate_columns(conn):
+    columns_now = GATE_CHECKS.candidate_columns(conn)
+    for schema, table in sorted(set(tables_before) - {(c.schema, c.table) for c in columns_now}):
+        label = f"{schema}.{table}"
+        skip = _skipped(label, label, settings.gate.discover_skip)
+        if skip is not None:
+            out.not_swept[label] = skip
+        else:
+            out.unreadable[label] = ("dropped or renamed after the gate's snapshot began: what it held then was not "
+                                     "read; look again")
+    for column in columns_now:
         if (column.schema, column.table, column.column) in configured:
             continue
         table = f"{column.schema}.{column.table}"
@@ -112,8 +125,10 @@ def discover_mysql(settings: Settings) -> Discovery:
     engine = make_engine(database_url(settings), pool_size=1)
     try:
         settings = with_forge_targets(settings, engine)  # Forge's own tables are targets, not finds
-        with mysql_connect.raw_connection(engine) as conn, GATE_CHECKS.snapshot(conn):
-            return sweep_mysql(conn, settings, keyring)
+        with mysql_connect.raw_connection(engine) as conn:
+            before = GATE_CHECKS.candidate_tables(conn)
+            with GATE_CHECKS.snapshot(conn):
+                return sweep_mysql(conn, settings, keyring, tables_before=before)
     finally:
         engine.dispose()
 

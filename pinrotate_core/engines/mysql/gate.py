@@ -27,6 +27,7 @@ BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longbl
 TRANSACTIONAL_ENGINES = ("innodb",)
 _ACCESS_DENIED = frozenset({1142, 1143, 1227})
 _NO_SUCH_TABLE = 1146
+_TABLE_DEF_CHANGED = 1412
 INNODB_TRX_CACHE_S = 0.1  # information_schema.INNODB_TRX is refreshed at most this often
 
 
@@ -39,6 +40,17 @@ def _rows(conn: MySqlConnection, what: str, statement: str,
     except pymysql.err.MySQLError as e:
         hint = " (the role needs the PROCESS privilege)" if error_number(e) == 1227 and "INNODB_TRX" in statement else ""
         raise DatabaseError(f"cannot read {what} ({describe_db_error(e)}){hint}") from None
+
+
+def changed_since_snapshot(e: BaseException) -> str | None:
+    """Why a read inside a consistent snapshot failed when InnoDB's snapshot did not hold DDL back
+    (it does not: only the tables a transaction has read are held): None for any other failure."""
+    number = error_number(e)
+    if number == _TABLE_DEF_CHANGED:
+        return "rewritten after the snapshot (truncated, altered or replaced: error 1412)"
+    if number == _NO_SUCH_TABLE:
+        return "dropped or renamed after the snapshot (error 1146)"
+    return None
 
 
 class MySqlGateChecks:
@@ -62,15 +74,7 @@ class MySqlGateChecks:
         A table on which the role holds no privilege at all is not shown by
         ``information_schema``: ``sees_every_table`` tells whether that can happen.
         """
-        kinds = ", ".join(f"'{t}'" for t in (*TEXT_TYPES, *BINARY_TYPES))
-        system = ", ".join(f"'{s}'" for s in SYSTEM_SCHEMAS)
-        rows = _rows(conn, "the catalog of the sweep",
-                     "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, LOWER(c.DATA_TYPE), LOWER(t.ENGINE)"
-                     " FROM information_schema.COLUMNS c JOIN information_schema.TABLES t"
-                     " ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME"
-                     f" WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.TABLE_SCHEMA NOT IN ({system})"
-                     f" AND LOWER(c.DATA_TYPE) IN ({kinds}) AND c.EXTRA NOT LIKE '%GENERATED%'"
-                     " ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION")
+        rows = self._catalog(conn)
         found: list[CandidateColumn] = []
         for schema, table, column, type_name, engine in rows:
             readable = self._readable(conn, str(schema), str(table), str(column))
@@ -78,6 +82,25 @@ class MySqlGateChecks:
                                          binary=str(type_name) in BINARY_TYPES, readable=readable,
                                          transactional=str(engine or "") in TRANSACTIONAL_ENGINES))
         return found
+
+    @staticmethod
+    def _catalog(conn: MySqlConnection) -> list[tuple[object, ...]]:
+        kinds = ", ".join(f"'{t}'" for t in (*TEXT_TYPES, *BINARY_TYPES))
+        system = ", ".join(f"'{s}'" for s in SYSTEM_SCHEMAS)
+        return _rows(conn, "the catalog of the sweep",
+                     "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, LOWER(c.DATA_TYPE), LOWER(t.ENGINE)"
+                     " FROM information_schema.COLUMNS c JOIN information_schema.TABLES t"
+                     " ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME"
+                     f" WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.TABLE_SCHEMA NOT IN ({system})"
+                     f" AND LOWER(c.DATA_TYPE) IN ({kinds}) AND c.EXTRA NOT LIKE '%GENERATED%'"
+                     " ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION")
+
+    def candidate_tables(self, conn: MySqlConnection) -> set[tuple[str, str]]:
+        """(schema, table) of every table ``candidate_columns`` would list now, without its checks.
+        Read right before a snapshot: the catalog is not in the snapshot (``information_schema``
+        shows the tables as they are when it is read), so a table dropped or renamed after the
+        snapshot began is missing from ``candidate_columns`` and only this list tells it was there."""
+        return {(str(schema), str(table)) for schema, table, *_ in self._catalog(conn)}
 
     @staticmethod
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
