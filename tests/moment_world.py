@@ -22,8 +22,9 @@ from .test_targets import create_people, settings_for
 
 
 class MomentWorld(Protocol):
-    """A fresh database of one engine for the tests of this module that apply to both
-    (tests/test_gate_moment_mysql.py is the MariaDB one): the SQL that differs, never an assertion."""
+    """A fresh database of one engine for the gate's tests that apply to both (test_gate_moment.py,
+    test_gate_discover.py; tests/test_gate_moment_mysql.py has the MariaDB one): the SQL that
+    differs, never an assertion. ``schema`` is another schema (PostgreSQL) or database (MySQL)."""
 
     url: str
     keys_file: Path
@@ -38,6 +39,10 @@ class MomentWorld(Protocol):
     def move(self, source: str, destination: str) -> list[str]: ...
     def session(self) -> AbstractContextManager[Callable[[str], object]]: ...
     def after_snapshot(self, monkeypatch: pytest.MonkeyPatch, statements: list[str], *, target: bool) -> None: ...
+    def schema(self, name: str, *, create: bool) -> str: ...
+    def base64(self, expression: str) -> str: ...
+    def create_secrets(self) -> None: ...
+    def locked_by_ddl(self, table: str, monkeypatch: pytest.MonkeyPatch) -> AbstractContextManager[str]: ...
 
 
 class PgMoment:
@@ -71,6 +76,28 @@ class PgMoment:
     def session(self) -> Iterator[Callable[[str], object]]:
         with psycopg.connect(self.url, autocommit=True) as other:
             yield other.execute
+
+    def schema(self, name: str, *, create: bool) -> str:
+        return f"CREATE SCHEMA {name}" if create else f"DROP SCHEMA {name} CASCADE"
+
+    def base64(self, expression: str) -> str:
+        return f"translate(encode({expression}, 'base64'), E'\\n', '')"
+
+    def create_secrets(self) -> None:
+        from .test_gate_discover import create_secrets
+
+        create_secrets(self.conn)
+
+    @contextlib.contextmanager
+    def locked_by_ddl(self, table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+        """A migration holding ACCESS EXCLUSIVE on ``table``, not committed yet; the sweep's lock_timeout
+        (5 s) cut to a quarter of a second (the lock and the refusal are real either way). Yields the
+        start of the reason the sweep gives."""
+        monkeypatch.setattr(snapshot_module, "LOCK_TIMEOUT", "250ms")
+        with psycopg.connect(self.url) as ddl:
+            ddl.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            yield f"cannot read {self.label(table)} (LockNotAvailable, SQLSTATE 55P03)"
+            ddl.rollback()
 
     def after_snapshot(self, monkeypatch: pytest.MonkeyPatch, statements: list[str], *, target: bool) -> None:
         """Run ``statements`` in another session right after the gate planned from its snapshot, before it
