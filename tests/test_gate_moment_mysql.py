@@ -20,12 +20,14 @@ from typing import Any
 import pymysql
 import pytest
 
+from pinrotate_core.engines.mysql import gate as gate_checks_module
 from pinrotate_core.engines.mysql.gate import GATE_CHECKS
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from tests.mariadb_server import MariaDbServer, private_mariadb, private_mysql_database  # noqa: F401 (fixtures)
 
 from . import test_gate_moment as moment
+from .test_gate_discover import fpc1_value
 from .test_targets import ROWS
 
 pytestmark = [pytest.mark.mysql, pytest.mark.xdist_group("test_gate_moment_mysql")]
@@ -77,6 +79,28 @@ class MariaDbMoment:
         with contextlib.closing(self.server.connect(self.database)) as other, other.cursor() as cur:
             cur.execute("SET lock_wait_timeout = 10")  # a DDL the gate holds back fails the test, never hangs it
             yield cur.execute
+
+    def schema(self, name: str, *, create: bool) -> str:
+        return f"CREATE DATABASE {name}" if create else f"DROP DATABASE {name}"
+
+    def base64(self, expression: str) -> str:
+        return f"REPLACE(TO_BASE64({expression}), '\\n', '')"  # TO_BASE64 wraps its lines at 76
+
+    def create_secrets(self) -> None:
+        """test_gate_discover.create_secrets' ``secrets``: every value already on the current key k3."""
+        self.execute("CREATE TABLE secrets (id bigint PRIMARY KEY, secret text, doc json)")
+        self.execute("INSERT INTO secrets (id, secret) VALUES " + ", ".join(["(%s, %s)"] * 5),
+                     tuple(x for i in range(1, 6) for x in (i, fpc1_value("k3"))))
+
+    @contextlib.contextmanager
+    def locked_by_ddl(self, table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+        """A session holding ``LOCK TABLES table WRITE`` (what an ALTER holds while it copies); the gate's
+        metadata lock wait (LOCK_WAIT_S, 5 s) cut to one second. Yields the start of the sweep's reason."""
+        monkeypatch.setattr(gate_checks_module, "LOCK_WAIT_S", 1)
+        with contextlib.closing(self.server.connect(self.database)) as ddl, ddl.cursor() as cur:
+            cur.execute(f"LOCK TABLES {table} WRITE")
+            yield f"cannot read {self.label(table)} for the sweep (OperationalError, error 1205)"
+            cur.execute("UNLOCK TABLES")
 
     def after_snapshot(self, monkeypatch: pytest.MonkeyPatch, statements: list[str], *, target: bool) -> None:
         """Run ``statements`` in another session right after the gate's first snapshot began, before it

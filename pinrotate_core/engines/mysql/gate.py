@@ -28,6 +28,11 @@ TRANSACTIONAL_ENGINES = ("innodb",)
 _ACCESS_DENIED = frozenset({1142, 1143, 1227})
 _NO_SUCH_TABLE = 1146
 _TABLE_DEF_CHANGED = 1412
+_LOCK_WAIT_TIMEOUT = 1205
+# How long a read of the gate (or of an inventory) waits for a table's metadata lock held by DDL
+# (``LOCK TABLES ... WRITE``, an ALTER): the server's default is a day or a year. Past it the table
+# is UNREADABLE, named, as PostgreSQL's sweep gives up after its lock_timeout.
+LOCK_WAIT_S = 5
 INNODB_TRX_CACHE_S = 0.1  # information_schema.INNODB_TRX is refreshed at most this often
 
 
@@ -59,12 +64,15 @@ class MySqlGateChecks:
         """Every read inside sees one moment of every InnoDB table of the server; nothing can be
         written through it. Rolled back at the end (there is nothing to commit)."""
         with conn.cursor() as cur:
+            cur.execute(f"SET SESSION lock_wait_timeout = {int(LOCK_WAIT_S)}")
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction only
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         try:
             yield
         finally:
             conn.rollback()
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
 
     def candidate_columns(self, conn: MySqlConnection) -> list[CandidateColumn]:
         """Every text, JSON or binary column of every base table the server shows this role,
@@ -104,8 +112,9 @@ class MySqlGateChecks:
 
     @staticmethod
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
-        # Dropped since the catalog was read (_NO_SUCH_TABLE): nothing left to find, readable.
-        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True}
+        # Dropped since the catalog was read (_NO_SUCH_TABLE), or held by DDL past LOCK_WAIT_S: readable
+        # as far as privileges go; the read itself names it (dropped after the snapshot, or locked).
+        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True, _LOCK_WAIT_TIMEOUT: True}
         try:
             answer = probe(conn, f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0",
                            refusals)
