@@ -1,7 +1,12 @@
-"""Test helpers for the Pin profile preset: a seeded database, its configuration file, and CLI runs."""
+"""Test helpers for the Pin profile preset: a seeded database, its configuration file, and CLI runs.
+
+On a MySQL / MariaDB URL the same: examples/pin-profile-mysql.toml's targets, the rows loaded by
+``seed``'s own MySQL path (its four tables in the URL's database).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,9 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import psycopg
+import pymysql
 
+from pinrotate_core.commands import commands_for
+from pinrotate_core.config import load_settings
+from pinrotate_core.engines import engine_of_url
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.samples import pin_profile as presets
 
@@ -32,12 +42,22 @@ class PinProfile:
         return FileKeyProvider(self.keys_file, create=True)
 
     def key_versions(self, table: str) -> dict[Any, int]:
+        if engine_of_url(self.url) == "mysql":
+            u = urlsplit(self.url)
+            with contextlib.closing(pymysql.connect(host=u.hostname, port=u.port or 3306, user=unquote(u.username or ""),
+                                                    password=unquote(u.password or ""), database=u.path.lstrip("/"))) \
+                    as conn, conn.cursor() as cur:
+                cur.execute(f"SELECT key_version, count(*) FROM {table} GROUP BY 1")
+                return {row[0]: int(row[1]) for row in cur.fetchall()}
         with psycopg.connect(self.url) as conn:
             return dict(conn.execute(f"SELECT key_version, count(*) FROM profile.{table} GROUP BY 1").fetchall())
 
 
 def write_config(path: Path, url: str, keys_file: Path, **job: Any) -> Path:
-    raw = tomllib.loads(presets.PIN_PROFILE_TOML.read_text(encoding="utf-8"))
+    preset = presets.PIN_PROFILE_TOML
+    if engine_of_url(url) == "mysql":
+        preset = preset.with_name("pin-profile-mysql.toml")
+    raw = tomllib.loads(preset.read_text(encoding="utf-8"))
     lines = [f'[database]\nurl = "{url}"\n', f'[keys]\nprovider = "file"\nfile = "{keys_file}"\n', "[job]"]
     settings = {**raw["job"], **job}
     lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
@@ -53,13 +73,16 @@ def seed_profile(url: str, tmp: Path, *, rows: int, promote: bool = True, **job:
     keys_file = tmp / "keys" / "keys.toml"
     provider = FileKeyProvider(keys_file, create=True)
     ring = provider.load_keyring()
-    with psycopg.connect(url, autocommit=True) as conn:
-        presets.apply_pin_profile_schema(conn)
-        summary = presets.seed_pin_profile(conn, ring, rows=rows, key_id="1", seed=7)
+    config = write_config(tmp / "pinrotate.toml", url, keys_file, **job)
+    if engine_of_url(url) == "mysql":  # seed's own path for the engine
+        summary = commands_for(url).seed_pin_profile(load_settings(str(config)), ring, rows=rows, key_id="1")
+    else:
+        with psycopg.connect(url, autocommit=True) as conn:
+            presets.apply_pin_profile_schema(conn)
+            summary = presets.seed_pin_profile(conn, ring, rows=rows, key_id="1", seed=7)
     if promote:
         provider.add_key()
         provider.promote("2")
-    config = write_config(tmp / "pinrotate.toml", url, keys_file, **job)
     return PinProfile(url, config, keys_file, summary)
 
 
@@ -76,7 +99,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180,
     if "PINROTATE_PREFECT_SERVER" not in (env or {}) and not full_env.get("PREFECT_API_URL") \
             and full_env.get("PINROTATE_HOME") == os.environ.get("PINROTATE_HOME"):
         full_env["PINROTATE_PREFECT_SERVER"] = "reuse"
-    proc = subprocess.run([sys.executable, "-m", "flows.rotate", *args], cwd=REPO, env=full_env,
+    proc = subprocess.run([sys.executable, "-m", "flows.rotate", *args], cwd=REPO, env=full_env, check=False,
                           capture_output=True, text=True, timeout=timeout)
     out: Any = proc.stdout
     if check_json and "--json" in args:

@@ -93,8 +93,8 @@ TABLES = (
      " name varchar(64), phone varchar(255), id_card varchar(255), del_flag char(1) NOT NULL DEFAULT '0')"),
 )
 
-# Called with the batch number and the ids of the batch: where the drain's before_write hook runs
-# on PostgreSQL (after the batch's read, before its write); the MySQL drain calls it after the batch.
+# Called with the batch number and the ids of the batch: the drain's before_write hook, after the
+# batch's read and before its write, on both engines.
 BatchHook = Callable[[int, Sequence[Any]], None]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pinrotate_core.config import Settings
-from pinrotate_core.drain import BatchEvent, DrainOptions, DrainResult
+from pinrotate_core.drain import DrainOptions, DrainResult
 from tests import test_forge_rules as rules
 from tests.mariadb_server import MariaDbServer
 
@@ -50,11 +50,7 @@ class MariaDbForgeTables:
             with raw_connection(engine) as conn:
                 target = resolve_mysql_target(conn, s.targets[0])
             scheme = build_scheme(target, keyring, s.keys.model_copy(update={"legacy_read_enabled": True}))
-
-            def on_batch(event: BatchEvent) -> None:  # the MySQL drain's batches are one after another
-                after_batch(event.batch, [])
-
-            return drain(engine, scheme, DrainOptions(batch_size=3, on_batch=on_batch))
+            return drain(engine, scheme, DrainOptions(batch_size=3, before_write=after_batch))
         finally:
             engine.dispose()
 

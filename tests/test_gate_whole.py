@@ -1,4 +1,5 @@
-"""The retire gate's verdict is whole (issue 22, contract §6), on real PostgreSQL and a real OpenBao.
+"""The retire gate's verdict is whole (issue 22, contract §6), on real PostgreSQL and a real OpenBao
+(tests/test_gate_whole_mysql.py runs them on MariaDB, which and why in its docstring: ``db`` names the engine).
 
 1. One verdict over everything configured: a tenant or target filter (``gate --tenant``, a run's
    ``--target``/``--tenant``) shows a slice but never answers open while another tenant or target
@@ -15,18 +16,17 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from flows import reports
 from pinrotate_core import rotation
 from pinrotate_core.config import Settings, settings_from_mapping
 from pinrotate_core.conflicts import NO_TENANT, record_conflicts
-from pinrotate_core.gate import retire_gate
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from tests.pinprofile import cli, cli_all
@@ -41,14 +41,58 @@ from .vault_server import BaoAdmin
 ALPHA, BETA = "Alpha", "Beta"
 
 
+class Database(Protocol):
+    """The test's own database on either engine: what the tests below ask of it beyond pinrotate."""
+
+    url: str
+    binary: str  # the column type of raw bytes
+
+    def execute(self, statement: str, params: Sequence[object] = ()) -> None: ...
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[object]]) -> None: ...
+
+    def record_conflicts(self, target: str, by_tenant: Mapping[str, int], *, run_id: str) -> None:
+        """What a complete run of ``target`` on another host recorded (pinrotate's own records)."""
+
+
+class PgDatabase:
+    """``Database`` on the test's PostgreSQL database (psycopg, autocommit)."""
+
+    binary = "bytea"
+
+    def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:
+        self.conn, self.url = conn, url
+
+    def execute(self, statement: str, params: Sequence[object] = ()) -> None:
+        self.conn.execute(statement, params)
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[object]]) -> None:
+        self.conn.cursor().executemany(statement, rows)
+
+    def record_conflicts(self, target: str, by_tenant: Mapping[str, int], *, run_id: str) -> None:
+        record_conflicts(self.conn, target, by_tenant, tenant_scope=None, complete=True, run_id=run_id)
+
+
+@pytest.fixture
+def db(database_url: str, pg_conn: psycopg.Connection[Any]) -> Database:
+    return PgDatabase(pg_conn, database_url)
+
+
+@pytest.fixture
+def primary_db(primary_database_url: str) -> Iterator[Database]:
+    """On the primary server only: for the tests whose subject is the orchestration (Prefect)."""
+    with psycopg.connect(primary_database_url, autocommit=True) as conn:
+        yield PgDatabase(conn, primary_database_url)
+
+
 # -- an aesgcm world: two targets sharing one keyring, with tenants, soft delete and require_not_null --
 
 
 class Shared:
     """Tables ``alpha`` and ``beta`` under one file keyring (keys 1..``keys``, the last current)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], url: str, tmp: Path, keys: int = 2) -> None:
-        self.conn, self.url, self.tmp = conn, url, tmp
+    def __init__(self, db: Database, tmp: Path, keys: int = 2) -> None:
+        self.db, self.url, self.tmp = db, db.url, tmp
         self.material = {str(k): secrets.token_bytes(32) for k in range(1, keys + 1)}
         self.current = str(keys)
         self.keys_file = tmp / "keys.toml"
@@ -58,8 +102,8 @@ class Shared:
         self.plain: list[bytes] = []
         self.next_id = 1
         for table in ("alpha", "beta"):
-            conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, tenant_id text, deleted boolean, "
-                                 "ref text, key_version integer, secret bytea)").format(sql.Identifier(table)))
+            db.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, tenant_id text, deleted boolean, ref text, "
+                       f"key_version integer, secret {db.binary})")
 
     def add(self, table: str, n: int, *, key: str, tenant: str | None = "A", deleted: bool = False,
             ref: str | None = "r") -> None:
@@ -67,8 +111,8 @@ class Shared:
         for _ in range(n):
             plaintext = f"{table} {self.next_id} ".encode() + secrets.token_bytes(6)
             self.plain.append(plaintext)
-            self.conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(table)),
-                              (self.next_id, tenant, deleted, ref, int(key), cipher.encrypt(plaintext)))
+            self.db.execute(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s)",
+                            (self.next_id, tenant, deleted, ref, int(key), cipher.encrypt(plaintext)))
             self.next_id += 1
 
     def mapping(self) -> dict[str, Any]:
@@ -117,8 +161,8 @@ class Shared:
 
 
 @pytest.fixture
-def shared(database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> Shared:
-    return Shared(pg_conn, database_url, tmp_path)
+def shared(db: Database, tmp_path: Path) -> Shared:
+    return Shared(db, tmp_path)
 
 
 # -- 1. one verdict over everything configured ---------------------------------------------------------
@@ -178,7 +222,7 @@ def test_a_run_of_one_target_reports_the_gate_closed_while_another_target_holds_
     assert "does not decide" in summary
     markdown = reports.gate_markdown(d)
     assert "| 1 | closed | HISTORICAL 8 |" in markdown and "does not decide" in markdown
-    assert retire_gate(settings, "1").blocking["HISTORICAL"] == 8
+    assert rotation.retire_gate(settings, "1").blocking["HISTORICAL"] == 8
 
     # Beta drained too: now nothing anywhere is on key 1.
     again = rotation.run_rotation(settings, target_names=[BETA])
@@ -186,17 +230,16 @@ def test_a_run_of_one_target_reports_the_gate_closed_while_another_target_holds_
 
 
 def test_the_flows_gate_artifact_is_over_every_target_for_a_run_of_one(
-        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
+        prefect_api: str, primary_db: Database, tmp_path: Path) -> None:
     from flows.rotate import pinrotate_rotate
 
     from .test_flow import run_artifacts
 
-    with psycopg.connect(primary_database_url, autocommit=True) as conn:
-        shared = Shared(conn, primary_database_url, tmp_path)
-        shared.add("alpha", 4, key="1")
-        shared.add("beta", 8, key="1", tenant="B")
+    shared = Shared(primary_db, tmp_path)
+    shared.add("alpha", 4, key="1")
+    shared.add("beta", 8, key="1", tenant="B")
 
-        report = pinrotate_rotate(config_path=str(shared.config()), targets=[ALPHA])
+    report = pinrotate_rotate(config_path=str(shared.config()), targets=[ALPHA])
 
     assert report["exit_code"] == 0 and report["targets"][ALPHA]["backlog_remaining"] == 0
     assert report["gate"]["1"]["open"] is False and report["gate"]["1"]["blocking"] == {"HISTORICAL": 8}
@@ -207,21 +250,21 @@ def test_the_flows_gate_artifact_is_over_every_target_for_a_run_of_one(
 
 
 def test_a_run_of_one_target_is_closed_by_conflicts_recorded_for_a_target_it_did_not_drain(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
+        db: Database, keys_file: Path) -> None:
     write_keys(keys_file, legacy=None)
-    pg_conn.execute("CREATE TABLE f (id bigint PRIMARY KEY, pw text)")
-    pg_conn.execute("CREATE TABLE g (id bigint PRIMARY KEY, pw text)")
-    pg_conn.execute("INSERT INTO f VALUES (1, %s)", (fpc1("k2", K2, b"already moved"),))
-    pg_conn.execute("INSERT INTO g VALUES (1, %s)", (fpc1("k1", K1, b"to move"),))
+    db.execute("CREATE TABLE f (id bigint PRIMARY KEY, pw text)")
+    db.execute("CREATE TABLE g (id bigint PRIMARY KEY, pw text)")
+    db.execute("INSERT INTO f VALUES (1, %s)", (fpc1("k2", K2, b"already moved"),))
+    db.execute("INSERT INTO g VALUES (1, %s)", (fpc1("k1", K1, b"to move"),))
     settings = settings_from_mapping({
-        "database": {"url": database_url},
+        "database": {"url": db.url},
         "keys": {"provider": "file", "file": str(keys_file)},
         "job": {"batch_size": 2, "inter_batch_delay": 0},
         "targets": [{"name": "F", "table": "f", "columns": ["pw"], "format": "fpc1"},
                     {"name": "G", "table": "g", "columns": ["pw"], "format": "fpc1"}],
     }, env={})
     # A run of F on another host left one CONFLICT: an application edit that may still be on k1.
-    record_conflicts(pg_conn, "F", {NO_TENANT: 1}, tenant_scope=None, complete=True, run_id="earlier")
+    db.record_conflicts("F", {NO_TENANT: 1}, run_id="earlier")
 
     run = rotation.run_rotation(settings, target_names=["G"], expected_key="k2")
 
@@ -233,9 +276,8 @@ def test_a_run_of_one_target_is_closed_by_conflicts_recorded_for_a_target_it_did
 # -- 2. rows no run takes keep the gate closed unless --erase-excluded -----------------------------------
 
 
-def test_excluded_rows_on_the_key_close_the_gate_until_erasing_them_is_accepted(
-        database_url: str, pg_conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    shared = Shared(pg_conn, database_url, tmp_path, keys=3)
+def test_excluded_rows_on_the_key_close_the_gate_until_erasing_them_is_accepted(db: Database, tmp_path: Path) -> None:
+    shared = Shared(db, tmp_path, keys=3)
     shared.add("alpha", 4, key="3")
     shared.add("alpha", 2, key="1", deleted=True)                # soft_delete, on key 1
     shared.add("alpha", 1, key="1", deleted=True, ref=None)      # both rules: counted once, require_not_null
@@ -300,8 +342,7 @@ def test_the_inventory_counts_excluded_values_per_rule_on_both_counting_paths(sh
 
 
 @pytest.mark.vault
-def test_transit_values_on_any_version_up_to_the_key_block_it(
-        database_url: str, pg_conn: psycopg.Connection[Any], openbao: Any) -> None:
+def test_transit_values_on_any_version_up_to_the_key_block_it(db: Database, openbao: Any) -> None:
     mount, key = new_transit(openbao)
     provider = transit(openbao, mount, key)
     v1 = transit_encrypt(provider, [b"one", b"one excluded"])
@@ -309,13 +350,13 @@ def test_transit_values_on_any_version_up_to_the_key_block_it(
     v2 = transit_encrypt(provider, [b"two"])
     provider.rotate()
     v3 = transit_encrypt(provider, [b"three", b"three again"])
-    pg_conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text, tag text)")
-    pg_conn.cursor().executemany("INSERT INTO notes VALUES (%s, %s, %s)", [
+    db.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text, tag text)")
+    db.executemany("INSERT INTO notes VALUES (%s, %s, %s)", [
         (1, v1[0], None), (2, v2[0], None), (3, v3[0], None),
         (4, None, v1[1]),  # body NULL: out of scope (require_not_null), its tag still on v1
     ])
     settings = settings_from_mapping({
-        "database": {"url": database_url},
+        "database": {"url": db.url},
         "keys": {"provider": "vault-transit", "vault": {"addr": openbao.addr, "token": openbao.token,
                                                         "transit_mount": mount, "key": key}},
         "job": {"batch_size": 10, "inter_batch_delay": 0},
@@ -323,16 +364,16 @@ def test_transit_values_on_any_version_up_to_the_key_block_it(
                      "format": "vault-transit", "require_not_null": ["body"]}],
     }, env={})
 
-    two = retire_gate(settings, "2")
+    two = rotation.retire_gate(settings, "2")
     assert not two.open and two.blocking["HISTORICAL"] == 2 and two.blocking["EXCLUDED"] == 1
     assert two.targets["N"]["on_versions"] == {"1": 1, "2": 1}
-    one = retire_gate(settings, "1")
+    one = rotation.retire_gate(settings, "1")
     assert not one.open and one.blocking["HISTORICAL"] == 1 and one.blocking["EXCLUDED"] == 1
 
     # Row 1 moves to v3: only v2 is left in scope. Retiring v1 keeps v2 readable; retiring v2 does not.
-    pg_conn.execute("UPDATE notes SET body = %s WHERE id = 1", (v3[1],))
-    assert retire_gate(settings, "1", erase_excluded=True).open
-    two = retire_gate(settings, "2", erase_excluded=True)
+    db.execute("UPDATE notes SET body = %s WHERE id = 1", (v3[1],))
+    assert rotation.retire_gate(settings, "1", erase_excluded=True).open
+    two = rotation.retire_gate(settings, "2", erase_excluded=True)
     assert not two.open and {c: n for c, n in two.blocking.items() if n} == {"HISTORICAL": 1}
 
     # A run moves v2; what is left is the excluded tag on v1, which blocks both versions.
@@ -340,12 +381,12 @@ def test_transit_values_on_any_version_up_to_the_key_block_it(
     assert run.exit_code == rotation.EXIT_OK
     assert run.gate == {"1": {"open": False, "blocking": {"EXCLUDED": 1}},
                         "2": {"open": False, "blocking": {"EXCLUDED": 1}}}
-    two = retire_gate(settings, "2")
+    two = rotation.retire_gate(settings, "2")
     assert not two.open and two.as_dict()["excluded_on_key"] == {"N": {"require_not_null": 1}}
-    assert retire_gate(settings, "2", erase_excluded=True).open
+    assert rotation.retire_gate(settings, "2", erase_excluded=True).open
 
     # Once Transit itself has retired v1, destroying v2 no longer loses the excluded v1 value (it is
     # gone already): only what v2 still decrypts counts.
     BaoAdmin.of(openbao).api("POST", f"{mount}/keys/{key}/config", {"min_decryption_version": 2})
-    two = retire_gate(settings, "2")
+    two = rotation.retire_gate(settings, "2")
     assert two.open and two.as_dict()["excluded_on_key"] == {}, two.as_dict()

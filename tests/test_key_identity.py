@@ -1,4 +1,5 @@
-"""A key id is one key (issue 22, point 7), on real PostgreSQL (and OpenBao for vault-kv / Transit).
+"""A key id is one key (issue 22, point 7), on real PostgreSQL (and OpenBao for vault-kv / Transit);
+tests/test_key_identity_mysql.py runs them on MariaDB (its own ``db`` fixtures; which and why in its docstring).
 
 pinrotate records a check value per key id in ``pinrotate.key_checks``; a run, a Dask worker or a gate
 whose key of the same id is other material refuses with exit 2, one line naming the key id, nothing
@@ -17,25 +18,47 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import tomli_w
-from psycopg import sql
 
 from pinrotate_core import rotation
 from pinrotate_core._primitives import key_check_value
-from pinrotate_core.config import settings_from_mapping
+from pinrotate_core.config import load_settings, settings_from_mapping
 from pinrotate_core.db import make_engine
 from pinrotate_core.errors import ConfigError, DatabaseError, KeyUnavailable, RefusedToStart
-from pinrotate_core.key_checks import HMAC_ALGORITHM, KeyIdentityMismatch, confirm_key_identity
+from pinrotate_core.key_checks import HMAC_ALGORITHM, KeyIdentityMismatch
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.providers.env import EnvKeyProvider
 from pinrotate_core.providers.file import FileKeyProvider
 from pinrotate_core.providers.k8s import K8sDirKeyProvider
-from tests.helpers import assert_secret_free, url_as
+from tests.helpers import assert_secret_free
+from tests.key_checks_records import AppRole, KeyChecksDatabase, PgKeyChecks
 from tests.pinprofile import PinProfile, cli, cli_all, seed_profile
 
 TABLES = ("persons", "person_documents", "requisite_templates", "verification_requests")
+
+
+# The engine's fixtures: ``db`` a fresh database, ``primary_db`` one on the primary server only (for
+# the command-line and Prefect tests), ``db_kind`` the engine alone, ``app_role`` a role without
+# CREATE on the database.
+@pytest.fixture
+def db(database_url: str, make_role: Callable[[str], str]) -> PgKeyChecks:
+    return PgKeyChecks(database_url, make_role)
+
+
+@pytest.fixture
+def primary_db(primary_database_url: str) -> KeyChecksDatabase:
+    return PgKeyChecks(primary_database_url)
+
+
+@pytest.fixture
+def db_kind() -> type[KeyChecksDatabase]:
+    return PgKeyChecks
+
+
+@pytest.fixture
+def app_role(db: PgKeyChecks) -> AppRole:
+    return db.app_role()
 
 
 def key_counts(profile: PinProfile) -> dict[str, dict[Any, int]]:
@@ -63,29 +86,17 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("pinrotate: error:")]
 
 
-def recorded(url: str) -> dict[str, tuple[str, str, str]]:
-    with psycopg.connect(url) as conn:
-        return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(
-            "SELECT key_id, check_value, algorithm, recorded_by FROM pinrotate.key_checks")}
-
-
-def table_exists(url: str) -> bool:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT to_regclass('pinrotate.key_checks') IS NOT NULL").fetchone()
-        return bool(row and row[0])
-
-
 # --- runs, through the command line ----------------------------------------------------------------------
 
 
 def test_key_2_replaced_between_two_runs_refuses_the_second_run_with_exit_2_and_writes_nothing(
-        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(primary_database_url, tmp_path, rows=30, batch_size=50)
+        prefect_api: str, primary_db: KeyChecksDatabase, tmp_path: Path) -> None:
+    profile = seed_profile(primary_db.url, tmp_path, rows=30, batch_size=50)
     env = {"PREFECT_API_URL": prefect_api}
     old = key_material(profile.keys_file)
     code, _, err = cli("run", "--target", "Person", "--config", str(profile.config_path), "--json", env=env)
     assert code == 0, err[-3000:]
-    checks = recorded(primary_database_url)
+    checks = primary_db.recorded()
     assert set(checks) == {"1", "2"}
     assert all(re.fullmatch(r"[0-9a-f]{32}", v) and a == HMAC_ALGORITHM and by.startswith("host ")
                for v, a, by in checks.values())
@@ -100,18 +111,18 @@ def test_key_2_replaced_between_two_runs_refuses_the_second_run_with_exit_2_and_
     (line,) = error_lines(err)
     assert "key 2 " in line and "pinrotate.key_checks" in line and "two keyrings disagree" in line, line
     assert key_counts(profile) == before  # not one row written under the new key 2
-    assert recorded(primary_database_url) == checks  # and the record was not changed either
+    assert primary_db.recorded() == checks  # and the record was not changed either
     for text in (out, err):
         assert_secret_free(text, *old, new, *(v for v, _, _ in checks.values()))
 
 
 def test_a_dry_run_and_a_gate_only_compare_and_the_gate_says_when_no_check_value_was_recorded(
-        prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(primary_database_url, tmp_path, rows=12)
+        prefect_api: str, primary_db: KeyChecksDatabase, tmp_path: Path) -> None:
+    profile = seed_profile(primary_db.url, tmp_path, rows=12)
     cfg = str(profile.config_path)
     code, doc, err = cli("run", "--dry-run", "--config", cfg, "--json", env={"PREFECT_API_URL": prefect_api})
     assert code == 0, err[-3000:]
-    assert not table_exists(primary_database_url)  # a dry run never writes, not even the check values
+    assert not primary_db.table_exists()  # a dry run never writes, not even the check values
 
     # Both gates at once: closed (every row on key 1), they read only.
     (code, doc, err), (_, human, _) = cli_all([["gate", "--retire", "1", "--config", cfg, "--json"],
@@ -120,13 +131,13 @@ def test_a_dry_run_and_a_gate_only_compare_and_the_gate_says_when_no_check_value
     assert doc["key_identity"]["recorded"] is False and "no check value was recorded for key 1" in \
         doc["key_identity"]["note"]
     assert "no check value was recorded for key 1" in human
-    assert not table_exists(primary_database_url)  # nor does a gate
+    assert not primary_db.table_exists()  # nor does a gate
 
 
 def test_a_gate_whose_key_differs_from_the_recorded_one_refuses_with_exit_2_before_answering(
-        primary_database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(primary_database_url, tmp_path, rows=8)
-    settings = _settings_of(profile)
+        primary_db: KeyChecksDatabase, tmp_path: Path) -> None:
+    profile = seed_profile(primary_db.url, tmp_path, rows=8)
+    settings = load_settings(str(profile.config_path))
     report = rotation.run_rotation(settings, target_names=["Person"])
     assert report.exit_code == 0
     cfg = str(profile.config_path)
@@ -140,12 +151,6 @@ def test_a_gate_whose_key_differs_from_the_recorded_one_refuses_with_exit_2_befo
     assert "key 1 " in line and "differs from the key 1 recorded in pinrotate.key_checks" in line, line
     assert "Traceback" not in err and out == {"error": line.removeprefix("pinrotate: error: "), "exit_code": 2}
     assert_secret_free(str(out) + err, new, *key_material(profile.keys_file))
-
-
-def _settings_of(profile: PinProfile) -> Any:
-    from pinrotate_core.config import load_settings
-
-    return load_settings(str(profile.config_path))
 
 
 # --- a Dask worker whose host holds another keyring -------------------------------------------------------
@@ -164,9 +169,9 @@ def worker_cluster(tmp_path: Path, prefect_api: str) -> Iterator[tuple[Any, Path
 
 
 def test_a_dask_worker_with_another_key_2_refuses_its_shards_before_writing_and_the_run_exits_2(
-        prefect_api: str, primary_database_url: str, tmp_path: Path, worker_cluster: tuple[Any, Path]) -> None:
+        prefect_api: str, primary_db: KeyChecksDatabase, tmp_path: Path, worker_cluster: tuple[Any, Path]) -> None:
     cluster, worker_keys = worker_cluster
-    profile = seed_profile(primary_database_url, tmp_path, rows=20, task_runner="dask",
+    profile = seed_profile(primary_db.url, tmp_path, rows=20, task_runner="dask",
                            dask_address=cluster.scheduler_address)
     other = replace_key(profile.keys_file, "2", to=worker_keys)  # the worker host's keyring: another key 2
     before = key_counts(profile)
@@ -195,20 +200,20 @@ def _aesgcm_settings(url: str, keys_file: Path) -> Any:
 
 
 def test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_compares_with_it(
-        database_url: str, tmp_path: Path) -> None:
+        db: KeyChecksDatabase, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
     provider = FileKeyProvider(keys_file, create=True)
     ring = provider.load_keyring()
     other = Keyring(current="1", keys={"1": Key("1", secrets.token_bytes(32))}, source="another host")
-    settings = _aesgcm_settings(database_url, keys_file)
+    settings = _aesgcm_settings(db.url, keys_file)
     outcomes: dict[str, BaseException | None] = {}
     start = threading.Barrier(2)
 
     def first_run(name: str, keyring: Keyring) -> None:
-        engine = make_engine(database_url, pool_size=1)
+        engine = make_engine(db.url, pool_size=1)
         try:
             start.wait()
-            confirm_key_identity(engine, settings, keyring, provider, record=True, run_id=name)
+            db.confirm(engine, settings, keyring, provider, record=True, run_id=name)
             outcomes[name] = None
         except KeyIdentityMismatch as e:
             outcomes[name] = e
@@ -224,7 +229,7 @@ def test_two_first_runs_at_once_record_one_check_value_per_key_and_the_second_co
     refused = [n for n, e in outcomes.items() if e is not None]
     assert len(outcomes) == 2 and len(refused) == 1, outcomes
     winner = ({"a", "b"} - set(refused)).pop()
-    stored = recorded(database_url)
+    stored = db.recorded()
     assert set(stored) == {"1"} and f"run {winner}" in stored["1"][2]
     assert stored["1"][0] == key_check_value((ring if winner == "a" else other).key("1").material)
 
@@ -241,17 +246,11 @@ def test_the_check_value_is_a_truncated_hmac_of_a_fixed_label_and_never_the_key(
     assert_secret_free(value, material)
 
 
-@pytest.fixture
-def app_role(make_role: Callable[[str], str]) -> str:
-    """A role without CREATE on the database."""
-    return make_role("ki")
-
-
 def test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_privilege(
-        database_url: str, app_role: str, tmp_path: Path) -> None:
+        db: KeyChecksDatabase, app_role: AppRole, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
     FileKeyProvider(keys_file, create=True).load_keyring()
-    settings = _aesgcm_settings(url_as(database_url, app_role), keys_file)
+    settings = _aesgcm_settings(app_role.url, keys_file)
     ctx = rotation.open_run(settings)
     try:
         with pytest.raises(RefusedToStart) as refused:
@@ -260,28 +259,24 @@ def test_a_role_that_may_not_create_the_key_checks_table_is_refused_naming_the_p
         ctx.close()
     message = str(refused.value)
     assert "\n" not in message
-    assert f"role {app_role} may not create pinrotate.key_checks" in message
-    assert "GRANT CREATE ON DATABASE" in message and message.endswith("nothing was written")
-    assert not table_exists(database_url)
+    assert f"role {app_role.name} may not create pinrotate.key_checks" in message
+    assert db.create_grant in message and message.endswith("nothing was written")
+    assert not db.table_exists()
 
 
 def test_a_role_that_may_read_but_not_write_the_key_checks_table_runs_dry_but_not_for_real(
-        database_url: str, pg_conn: psycopg.Connection[Any], app_role: str, tmp_path: Path) -> None:
-    from pinrotate_core.key_checks import CREATE_SQL
-
-    pg_conn.execute(CREATE_SQL)
-    pg_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pinrotate TO {r}; GRANT SELECT ON pinrotate.key_checks TO {r}")
-                    .format(r=sql.Identifier(app_role)))
+        db: KeyChecksDatabase, app_role: AppRole, tmp_path: Path) -> None:
+    db.let_read_key_checks(app_role)
     keys_file = tmp_path / "keys" / "keys.toml"
     ring = FileKeyProvider(keys_file, create=True).load_keyring()
-    settings = _aesgcm_settings(url_as(database_url, app_role), keys_file)
-    engine = make_engine(url_as(database_url, app_role), pool_size=1)
+    settings = _aesgcm_settings(app_role.url, keys_file)
+    engine = make_engine(app_role.url, pool_size=1)
     try:
-        seen = confirm_key_identity(engine, settings, ring, FileKeyProvider(keys_file), record=False)
+        seen = db.confirm(engine, settings, ring, FileKeyProvider(keys_file), record=False)
         assert seen.not_recorded == ["1"]
-        with pytest.raises(RefusedToStart, match=rf"role {app_role} may not write pinrotate.key_checks.*"
-                                                 r"GRANT SELECT, INSERT"):
-            confirm_key_identity(engine, settings, ring, FileKeyProvider(keys_file), record=True)
+        with pytest.raises(RefusedToStart, match=rf"role {re.escape(app_role.name)} may not write "
+                                                 r"pinrotate.key_checks.*GRANT SELECT, INSERT"):
+            db.confirm(engine, settings, ring, FileKeyProvider(keys_file), record=True)
     finally:
         engine.dispose()
 
@@ -300,8 +295,8 @@ def _private_file(path: Path, text: str) -> Path:
 
 
 def test_a_keys_file_with_keys_2_and_02_is_refused_by_run_with_exit_2_naming_both(
-        primary_database_url: str, tmp_path: Path) -> None:
-    profile = seed_profile(primary_database_url, tmp_path, rows=6)
+        primary_db: KeyChecksDatabase, tmp_path: Path) -> None:
+    profile = seed_profile(primary_db.url, tmp_path, rows=6)
     raw = tomllib.loads(profile.keys_file.read_text())
     raw["keys"]["02"] = _b64()
     raw["current"] = "02"
@@ -323,9 +318,9 @@ def test_current_02_with_only_key_2_is_refused_naming_the_spelling_held(tmp_path
 
 
 def test_a_lone_zero_padded_version_is_refused_before_an_aesgcm_run_writes_version_2_under_it(
-        database_url: str, tmp_path: Path) -> None:
+        db: KeyChecksDatabase, tmp_path: Path) -> None:
     path = _private_file(tmp_path / "k" / "keys.toml", f'current = "02"\n[keys]\n1 = "{_b64()}"\n02 = "{_b64()}"\n')
-    ctx = rotation.open_run(_aesgcm_settings(database_url, path))
+    ctx = rotation.open_run(_aesgcm_settings(db.url, path))
     try:
         with pytest.raises(ConfigError, match=r"key id 02 is key version 2 with a leading zero.*name it 2"):
             rotation.read_current_key(ctx)
@@ -379,7 +374,7 @@ def test_vault_kv_fields_2_and_02_are_refused_naming_both_fields(openbao: Any) -
 
 @pytest.mark.vault
 def test_a_transit_key_created_again_under_the_same_name_is_refused_and_the_same_key_is_not(
-        openbao: Any, database_url: str) -> None:
+        openbao: Any, db: KeyChecksDatabase) -> None:
     import time
 
     from pinrotate_core.config import VaultSettings
@@ -392,10 +387,10 @@ def test_a_transit_key_created_again_under_the_same_name_is_refused_and_the_same
     admin.api("POST", f"{mount}/keys/pii", {})
     admin.api("POST", f"{mount}/keys/pii/rotate", {})
     settings = settings_from_mapping({
-        "database": {"url": database_url},
+        "database": {"url": db.url},
         "keys": {"provider": "vault-transit", "vault": {"addr": openbao.addr, "transit_mount": mount, "key": "pii"}},
         "targets": [{"name": "T", "table": "t", "columns": ["c"], "format": "vault-transit"}]})
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_engine(db.url, pool_size=1)
 
     def provider() -> VaultTransitKeyProvider:
         return VaultTransitKeyProvider(VaultSettings(addr=openbao.addr, token=openbao.token, transit_mount=mount,
@@ -403,14 +398,12 @@ def test_a_transit_key_created_again_under_the_same_name_is_refused_and_the_same
 
     try:
         p = provider()
-        first = confirm_key_identity(engine, settings, p.load_keyring(), p, record=True, run_id="r1")
+        first = db.confirm(engine, settings, p.load_keyring(), p, record=True, run_id="r1")
         assert first.recorded_now == ["1", "2"]
-        with psycopg.connect(database_url) as conn:
-            rows = conn.execute("SELECT keyring, key_id, algorithm FROM pinrotate.key_checks ORDER BY key_id").fetchall()
-        assert rows == [(f"vault-transit {mount}/pii", "1", "transit-creation-time:v1"),
+        assert db.recorded_rows() == [(f"vault-transit {mount}/pii", "1", "transit-creation-time:v1"),
                         (f"vault-transit {mount}/pii", "2", "transit-creation-time:v1")]
         p = provider()  # the same key, read again: the same identity
-        assert set(confirm_key_identity(engine, settings, p.load_keyring(), p, record=True).compared) == {"1", "2"}
+        assert set(db.confirm(engine, settings, p.load_keyring(), p, record=True).compared) == {"1", "2"}
 
         # Deleted and created again under the same name: Transit keeps creation times in seconds.
         time.sleep(1.1)
@@ -419,15 +412,17 @@ def test_a_transit_key_created_again_under_the_same_name_is_refused_and_the_same
         admin.api("POST", f"{mount}/keys/pii", {})
         p = provider()
         with pytest.raises(KeyIdentityMismatch, match=r"key 1 of this keyring .* differs from the key 1 recorded"):
-            confirm_key_identity(engine, settings, p.load_keyring(), p, record=True)
+            db.confirm(engine, settings, p.load_keyring(), p, record=True)
     finally:
         engine.dispose()
 
 
-def test_a_database_that_cannot_be_reached_for_the_check_is_exit_4_never_a_pass(tmp_path: Path) -> None:
+def test_a_database_that_cannot_be_reached_for_the_check_is_exit_4_never_a_pass(
+        db_kind: type[KeyChecksDatabase], tmp_path: Path) -> None:
     keys_file = tmp_path / "keys" / "keys.toml"
     FileKeyProvider(keys_file, create=True).load_keyring()
-    ctx = rotation.open_run(_aesgcm_settings("postgresql://nobody@127.0.0.1:1/none", keys_file))
+    url = db_kind.unreachable
+    ctx = rotation.open_run(_aesgcm_settings(url, keys_file), engine=db_kind.lazy_engine(url))
     try:
         with pytest.raises(DatabaseError) as failed:
             rotation.read_current_key(ctx)

@@ -30,6 +30,7 @@ from ...drain.results import DrainResult
 from ...engines.mysql import bookkeeping as books
 from ...engines.mysql.catalog import current_role
 from ...engines.mysql.connect import MySqlConnection, describe_db_error, error_number
+from ...engines.mysql.grants import account
 from ...errors import DatabaseError, RefusedToStart
 from ...key_checks import KeyIdentity, compare_recorded, key_checks_for
 from ...keyring import Keyring
@@ -46,10 +47,18 @@ _READ_ONLY: Final = frozenset({1290, 1792})
 
 
 def _role(conn: MySqlConnection) -> str:
+    """The connection's account as a GRANT names it (``'app'@'%'``: ``CURRENT_USER()``'s bare
+    ``app@%`` is a syntax error there), so that the statements of a refusal run as printed."""
     try:
-        return current_role(conn)
+        user, _, host = current_role(conn).rpartition("@")
     except pymysql.err.MySQLError:
         return "?"
+    return account(user, host).replace("%%", "%")  # printed for the mysql client, not run with parameters
+
+
+# MySQL refuses a role alike whether a table it has no privilege on exists or not, and refuses a
+# GRANT on a table that does not exist: the advice says when the GRANT runs.
+_ONCE_IT_EXISTS: Final = " (once the table exists: grants prints its DDL)"
 
 
 def _grant(privileges: str, table: str, role: str) -> str:
@@ -73,8 +82,8 @@ def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyrin
         database = books.database_of(conn)
         if not record and not books.table_exists(conn, books.KEY_CHECKS):
             return KeyIdentity(not_recorded=[c.key_id for c in checks])
-        if record and not books.table_exists(conn, books.KEY_CHECKS):
-            _create(conn, books.KEY_CHECKS, "a check value per key id")
+        if record:
+            _ensure_key_checks(conn)
         with books.writing(conn, _KEY_CHECKS_LOCK):
             ids = [c.key_id for c in checks]
             recorded = books.read_key_checks(conn, database, checks[0].keyring, ids)
@@ -90,8 +99,8 @@ def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyrin
         if error_number(e) in books.DENIED:
             grant = "SELECT, INSERT" if record else "SELECT"
             raise RefusedToStart(f"role {role} may not {'write' if record else 'read'} {KEY_CHECKS}, where pinrotate "
-                                 f"checks that each key id is one key: {_grant(grant, books.KEY_CHECKS, role)}; "
-                                 "nothing was written") from None
+                                 f"checks that each key id is one key: {_grant(grant, books.KEY_CHECKS, role)}"
+                                 f"{_ONCE_IT_EXISTS}; nothing was written") from None
         if error_number(e) in _READ_ONLY:
             raise RefusedToStart(f"the database connection is read-only: a run cannot record its keys' check values "
                                  f"in {KEY_CHECKS}; nothing was written") from None
@@ -105,18 +114,35 @@ def confirm_key_identity_mysql(conn: MySqlConnection, settings: Settings, keyrin
     return identity
 
 
-def _create(conn: MySqlConnection, table: str, what: str) -> None:
-    """Create ``pinrotate.<table>`` (and the database); refused with the privilege to grant."""
+def _ensure_key_checks(conn: MySqlConnection) -> None:
+    """Create ``pinrotate.key_checks`` unless it exists. MySQL refuses a role without privileges on
+    the table alike whether it exists or not: such a role tries to create it (harmless where it
+    exists), so that a refusal names CREATE, never a grant on a table that may not exist."""
+    try:
+        if books.table_exists(conn, books.KEY_CHECKS):
+            return
+        hidden = False
+    except pymysql.err.MySQLError as e:
+        if error_number(e) not in books.DENIED:
+            raise
+        hidden = True
+    _create(conn, books.KEY_CHECKS, "a check value per key id", hidden=hidden)
+
+
+def _create(conn: MySqlConnection, table: str, what: str, *, hidden: bool = False) -> None:
+    """Create ``pinrotate.<table>`` (and the database); refused with the privilege to grant.
+    ``hidden``: the role could not tell whether the table exists (then it may only need to use it)."""
     try:
         books.create(conn, table)
     except pymysql.err.MySQLError as e:
         if error_number(e) not in books.DENIED:
             raise
         role = _role(conn)
+        ahead = (f"or, if it exists or is created ahead (grants prints its DDL), "
+                 f"{_grant('SELECT, INSERT', table, role)}" if hidden else "or create it ahead (grants prints its DDL)")
         raise RefusedToStart(
             f"role {role} may not create {books.qualified(table)}, where pinrotate records {what}: "
-            f"GRANT CREATE ON {books.DATABASE}.* TO {role}, or create it ahead (grants prints its DDL); "
-            "nothing was written") from None
+            f"GRANT CREATE ON {books.DATABASE}.* TO {role}, {ahead}; nothing was written") from None
 
 
 # --- CONFLICTs ------------------------------------------------------------------------------------
@@ -180,7 +206,7 @@ def last_conflicts_mysql(conn: MySqlConnection, target: str, *, tenant: str | No
         role = _role(conn)
         if error_number(e) in books.DENIED:
             raise StateError(f"role {role} may not read {CONFLICTS}, so CONFLICTs recorded by runs cannot be "
-                             f"counted: {_grant('SELECT', books.CONFLICTS, role)}") from None
+                             f"counted: {_grant('SELECT', books.CONFLICTS, role)}{_ONCE_IT_EXISTS}") from None
         raise StateError(f"cannot read {CONFLICTS} ({describe_db_error(e)})") from None
 
 

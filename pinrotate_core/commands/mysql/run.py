@@ -241,6 +241,8 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
                 lo = rows[-1][0]
                 batch_no += 1
                 plan = scheme.plan(rows, known_failed)
+                if options.before_write is not None:  # between the batch's read and its write (tests' races)
+                    options.before_write(batch_no, [r[0] for r in rows])
                 for f in plan.failed:
                     if f.id not in known_failed:
                         result.failed.append(f)
