@@ -42,6 +42,7 @@ class MomentWorld(Protocol):
     def schema(self, name: str, *, create: bool) -> str: ...
     def base64(self, expression: str) -> str: ...
     def create_secrets(self) -> None: ...
+    def sealed(self, schema: str) -> str: ...
     def locked_by_ddl(self, table: str, monkeypatch: pytest.MonkeyPatch) -> AbstractContextManager[str]: ...
 
 
@@ -82,6 +83,11 @@ class PgMoment:
 
     def base64(self, expression: str) -> str:
         return f"translate(encode({expression}, 'base64'), E'\\n', '')"
+
+    def sealed(self, schema: str) -> str:
+        """A column type an application made for its ciphertexts (a domain: the sweep follows it)."""
+        self.execute(f"CREATE DOMAIN {schema}.sealed AS varchar(500)")
+        return f"{schema}.sealed"
 
     def create_secrets(self) -> None:
         from .test_gate_discover import create_secrets

@@ -77,18 +77,16 @@ def by_column(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- fpc1: pattern sweep ----------------------------------------------------------------------------------
 
 
-def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_names_the_column(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    create_secrets(pg_conn)
-    settings = fpc1_settings(database_url, keys_file)
-    assert retire_gate(settings, "k1").open and retire_gate(settings, "k10").open
+def assert_an_archive_copy_closes_the_gate_for_its_key_only_until_vouched_for(world: MomentWorld) -> None:
+    world.create_secrets()
+    settings = fpc1_settings(world.url, world.keys_file)
+    assert rotation.retire_gate(settings, "k1").open and rotation.retire_gate(settings, "k10").open
 
-    pg_conn.execute("CREATE SCHEMA archive")
-    pg_conn.execute("CREATE DOMAIN archive.sealed AS varchar(500)")
-    pg_conn.execute("CREATE TABLE archive.secrets_2023 (id bigint, secret archive.sealed, note text)")
-    pg_conn.cursor().executemany("INSERT INTO archive.secrets_2023 VALUES (%s, %s, %s)",
-                                 [(i, fpc1_value("k1"), f"moved from k10: {fpc1_value('k10')}") for i in range(3)])
-    report = retire_gate(settings, "k1")
+    world.execute(world.schema("archive", create=True))
+    world.execute(f"CREATE TABLE archive.secrets_2023 (id bigint, secret {world.sealed('archive')}, note text)")
+    world.execute("INSERT INTO archive.secrets_2023 VALUES " + ", ".join(["(%s, %s, %s)"] * 3),
+                  tuple(x for i in range(3) for x in (i, fpc1_value("k1"), f"moved from k10: {fpc1_value('k10')}")))
+    report = rotation.retire_gate(settings, "k1")
 
     assert not report.open
     assert report.blocking["OUTSIDE_TARGETS"] == 3 and report.blocking.get("HISTORICAL", 0) == 0
@@ -96,18 +94,24 @@ def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_
     assert found == {"archive.secrets_2023.secret": {"column": "archive.secrets_2023.secret", "by_key": {"k1": 3},
                                                      "method": "pattern"}}
     # k10 is another key (not a prefix match of k1); its values sit inside free text.
-    k10 = retire_gate(settings, "k10")
+    k10 = rotation.retire_gate(settings, "k10")
     assert not k10.open and k10.blocking["OUTSIDE_TARGETS"] == 3
     assert list(by_column(k10.as_dict())) == ["archive.secrets_2023.note"]
     text = json.dumps(report.as_dict())
     assert "FPC1:" not in text and b64(FPC1_KEYS["k1"]) not in text
 
     # The operator vouches for the archive: not swept, listed as such, the gate opens.
-    skipped = retire_gate(fpc1_settings(database_url, keys_file, skip=("archive.*",)), "k1")
+    skipped = rotation.retire_gate(fpc1_settings(world.url, world.keys_file, skip=("archive.*",)), "k1")
     assert skipped.open
     assert skipped.discovery["not_swept"] == {"archive.secrets_2023": "[gate] discover_skip"}
-    column_skip = retire_gate(fpc1_settings(database_url, keys_file, skip=("archive.secrets_2023.sec*",)), "k10")
+    column_skip = rotation.retire_gate(fpc1_settings(world.url, world.keys_file, skip=("archive.secrets_2023.sec*",)),
+                                       "k10")
     assert not column_skip.open and "archive.secrets_2023.secret" in column_skip.discovery["not_swept"]
+
+
+def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_names_the_column(
+        pg_world: PgMoment) -> None:
+    assert_an_archive_copy_closes_the_gate_for_its_key_only_until_vouched_for(pg_world)
 
 
 def test_an_fpc1_value_in_a_jsonb_field_outside_json_paths_closes_the_gate_and_configured_paths_count_once(
