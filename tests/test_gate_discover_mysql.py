@@ -30,6 +30,14 @@ def world(mariadb: MariaDbServer, mysql_database: str, keys_file: Path) -> Maria
     return MariaDbMoment(mariadb, mysql_database, keys_file)
 
 
+def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_names_the_column_on_mariadb(
+        world: MariaDbMoment) -> None:
+    try:
+        discover.assert_an_archive_copy_closes_the_gate_for_its_key_only_until_vouched_for(world)
+    finally:
+        world.execute("DROP DATABASE IF EXISTS archive")
+
+
 def test_an_aesgcm_binary_copy_in_another_database_and_a_base64_text_copy_close_the_gate_on_mariadb(
         world: MariaDbMoment) -> None:
     try:

@@ -86,6 +86,9 @@ class MariaDbMoment:
     def base64(self, expression: str) -> str:
         return f"REPLACE(TO_BASE64({expression}), '\\n', '')"  # TO_BASE64 wraps its lines at 76
 
+    def sealed(self, schema: str) -> str:
+        return "varchar(500)"  # MySQL has no domains
+
     def create_secrets(self) -> None:
         """test_gate_discover.create_secrets' ``secrets``: every value already on the current key k3."""
         self.execute("CREATE TABLE secrets (id bigint PRIMARY KEY, secret text, doc json)")

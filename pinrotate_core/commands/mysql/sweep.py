@@ -51,10 +51,14 @@ def _current_database(conn: MySqlConnection) -> str:
     return str(row[0]) if row and row[0] is not None else ""
 
 
-def _skipped(label: str, table: str, globs: Sequence[str]) -> str | None:
-    for glob in globs:
-        if fnmatchcase(table, glob) or fnmatchcase(label, glob):
-            return f"[gate] discover_skip {glob!r}"
+def _skipped(table: str, column: str | None, globs: Sequence[str]) -> str | None:
+    """What ``[gate] discover_skip`` leaves out, named as on PostgreSQL (``gate.sweep_plan``): the
+    table when a ``schema.table`` glob names it, else the column when a ``schema.table.column`` one does."""
+    if any(fnmatchcase(table, glob) for glob in globs if glob.count(".") == 1):
+        return table
+    label = f"{table}.{column}"
+    if column is not None and any(fnmatchcase(label, glob) for glob in globs if glob.count(".") == 2):
+        return label
     return None
 
 
@@ -83,9 +87,8 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
     columns_now = GATE_CHECKS.candidate_columns(conn)
     for schema, table in sorted(set(tables_before) - {(c.schema, c.table) for c in columns_now}):
         label = f"{schema}.{table}"
-        skip = _skipped(label, label, settings.gate.discover_skip)
-        if skip is not None:
-            out.not_swept[label] = skip
+        if _skipped(label, None, settings.gate.discover_skip) is not None:
+            out.not_swept[label] = "[gate] discover_skip"
         else:
             out.unreadable[label] = ("dropped or renamed after the gate's snapshot began: what it held then was not "
                                      "read; look again")
@@ -93,9 +96,9 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
         if (column.schema, column.table, column.column) in configured:
             continue
         table = f"{column.schema}.{column.table}"
-        skip = _skipped(column.label, table, settings.gate.discover_skip)
-        if skip is not None:
-            out.not_swept[column.label] = skip
+        skipped = _skipped(table, column.column, settings.gate.discover_skip)
+        if skipped is not None:
+            out.not_swept[skipped] = "[gate] discover_skip"
         elif not column.readable:
             out.unreadable[column.label] = "the role may not SELECT it"
         elif not column.transactional:
