@@ -250,17 +250,20 @@ def test_a_soft_deleted_row_with_a_null_key_version_and_a_ciphertext_is_unknown(
     assert retire_gate(settings, "1").open
 
 
-def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    old, settings = rotated_people(pg_conn, keys_file, database_url)
+def assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(world: MomentWorld) -> None:
+    old, settings = rotated(world)
     # A stale writer: a key-1 ciphertext labelled with key 2. Counted shallow it is ACTIVE; deep it is FAILED.
-    pg_conn.execute("UPDATE people SET name_cipher = %s WHERE id = 3", (old,))
+    world.execute("UPDATE people SET name_cipher = %s WHERE id = 3", (old,))
 
     gate = retire_gate(settings, "1")
     run = rotation.run_rotation(settings)
 
     assert not gate.open and gate.blocking["FAILED"] == 1
     assert run.gate["1"]["open"] is False and run.gate["1"]["blocking"].get("FAILED") == 1
+
+
+def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(pg_world: PgMoment) -> None:
+    assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(pg_world)
 
 
 def test_a_writer_that_began_after_the_mark_and_commits_after_the_snapshot_is_waited_for_and_seen(

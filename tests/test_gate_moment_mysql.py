@@ -4,10 +4,15 @@ tests of tests/test_gate_moment.py whose subject a MySQL server has, their bodie
 truncated or replaced after ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` is gone from the catalog
 or fails to read (error 1412); the gate must then say so, never read it as empty.
 
+A table renamed after the snapshot is read under its new name (its rows as at the snapshot); its old
+name is also UNREADABLE (the catalog cannot tell a rename from a drop): closed either way.
+
 Not twinned (PostgreSQL's own subjects): ranges, composites, arrays, hstore, large objects, foreign
 tables, partitions left DETACH PENDING, other sessions' temporary tables, a writer's xid at the
-snapshot; the trial's known-answer vector needs no database. The gate sweeps the whole server: a
-mariadbd of the module's own (tests/mariadb_server.private_mariadb). TEST keys only.
+snapshot; the trial's known-answer vector needs no database; the NULL key version of an out-of-scope
+row is test_counts_both_engines'; no sample (MariaDB's sweep has no sampling path to leave). The gate
+sweeps the whole server: a mariadbd of the module's own (tests/mariadb_server.private_mariadb).
+TEST keys only.
 """
 
 from __future__ import annotations
@@ -148,3 +153,7 @@ def test_an_archive_dropped_or_truncated_after_the_snapshot_is_unreadable_never_
 def test_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked_on_mariadb(
         world: MariaDbMoment, monkeypatch: pytest.MonkeyPatch) -> None:
     moment.assert_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(world, monkeypatch)
+
+
+def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire_on_mariadb(world: MariaDbMoment) -> None:
+    moment.assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(world)
