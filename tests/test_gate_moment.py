@@ -39,7 +39,8 @@ def rotated_people(conn: psycopg.Connection[Any], keys_file: Path, url: str) -> 
 # -- one snapshot ---------------------------------------------------------------------------------------
 
 
-def assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(world: MomentWorld) -> None:
+def assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(world: MomentWorld,
+                                                                            seconds: float = MOVER_SECONDS) -> None:
     old, settings = rotated(world)
     world.execute(world.create_like("people_archive", "people"))
     world.execute("INSERT INTO people_archive (id, tenant, key_version, name_cipher) VALUES (1000, 'a', 1, %s)",
@@ -59,7 +60,7 @@ def assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(worl
     verdicts = []
     try:
         started = time.monotonic()
-        while time.monotonic() - started < MOVER_SECONDS or len(verdicts) < 3:
+        while time.monotonic() - started < seconds or len(verdicts) < 3:
             report = retire_gate(settings, "1")
             verdicts.append((report.open, report.blocking.get("HISTORICAL", 0) + report.blocking.get(
                 "OUTSIDE_TARGETS", 0)))

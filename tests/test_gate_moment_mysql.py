@@ -136,7 +136,8 @@ def world(mariadb: MariaDbServer, mysql_database: str, keys_file: Path) -> Maria
 
 def test_a_row_moved_between_an_archive_and_a_target_in_one_transaction_never_opens_the_gate_on_mariadb(
         world: MariaDbMoment) -> None:
-    moment.assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(world)
+    # Half of PostgreSQL's time: still a dozen gates, each with the mover's moves between its reads.
+    moment.assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(world, seconds=1.5)
 
 
 def test_an_archive_renamed_after_the_snapshot_is_still_read_on_mariadb(
