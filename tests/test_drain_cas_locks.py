@@ -8,7 +8,8 @@ after the application commits, and its value (the application's) is what moves.
 
 The application is a second connection with a transaction open; nothing is timed: the per-batch
 ``lock_timeout`` is short, so that a drain that waited on the application would stop with
-``db_error`` instead of finishing.
+``db_error`` instead of finishing. tests/test_drain_cas_locks_mysql.py runs the ``assert_*`` bodies
+on MariaDB.
 """
 
 from __future__ import annotations

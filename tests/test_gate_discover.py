@@ -2,7 +2,8 @@
 
 Real PostgreSQL (and OpenBao for Transit): archive tables, copies in other schemas, JSON fields
 outside ``json_paths``, partitions, materialized views, tables the role cannot read. Keys are random
-TEST keys made here.
+TEST keys made here. tests/test_gate_discover_mysql.py runs the ``assert_*`` bodies on MariaDB (which
+and why in its docstring).
 """
 
 from __future__ import annotations

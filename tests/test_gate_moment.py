@@ -4,6 +4,8 @@ target while gates run, tables renamed / dropped / truncated between the snapsho
 value of a column tried (no sample), the encodings and containers programs store ciphertexts in, large
 objects, other sessions' temporary tables, NULL key versions of soft-deleted rows, and the run's own gate
 section. Each situation keeps the gate closed and names where; with nothing left, the gate opens.
+tests/test_gate_moment_mysql.py runs the ``assert_*`` bodies on MariaDB (a ``MomentWorld`` of
+tests/moment_world.py per engine; which and why in its docstring).
 """
 
 from __future__ import annotations

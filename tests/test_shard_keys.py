@@ -5,7 +5,8 @@ server's order of the key (its collation, its type's operators), never re-sorted
 text key under a natural (ICU) collation orders ``a < B < c`` where Python orders ``B < a < c``.
 A ``citext`` key compares case-insensitively. Each test plans shards over such a key and checks,
 with the server's own comparisons, that the shards cover every row exactly once, then drains
-every shard and finds every row moved once. Keys are random TEST keys.
+every shard and finds every row moved once. Keys are random TEST keys. tests/test_shard_keys_mysql.py
+runs ``plan_and_drain`` on MariaDB under a case-insensitive collation.
 """
 
 from __future__ import annotations
