@@ -2,7 +2,8 @@
 
 Real PostgreSQL (and OpenBao for Transit): archive tables, copies in other schemas, JSON fields
 outside ``json_paths``, partitions, materialized views, tables the role cannot read. Keys are random
-TEST keys made here.
+TEST keys made here. tests/test_gate_discover_mysql.py runs the ``assert_*`` bodies on MariaDB (which
+and why in its docstring).
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ from pinrotate_core.schemes.fpc1 import Fpc1CipherSet
 from tests.pinprofile import cli
 
 from .helpers import b64
+from .moment_world import MomentWorld, PgMoment
 from .test_targets import app_role, create_people, settings_for, url_as  # noqa: F401  (app_role: a fixture)
 from .test_transit_drain import new_transit, seed_people, transit
 from .test_transit_drain import settings_for as transit_settings
 
 FPC1_KEYS = {"k1": secrets.token_bytes(16), "k10": secrets.token_bytes(16), "k3": secrets.token_bytes(16)}
+
+
+@pytest.fixture
+def pg_world(database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> PgMoment:
+    return PgMoment(database_url, pg_conn, keys_file)
 
 
 # -- fpc1 set-up ------------------------------------------------------------------------------------------
@@ -71,18 +78,16 @@ def by_column(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- fpc1: pattern sweep ----------------------------------------------------------------------------------
 
 
-def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_names_the_column(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    create_secrets(pg_conn)
-    settings = fpc1_settings(database_url, keys_file)
-    assert retire_gate(settings, "k1").open and retire_gate(settings, "k10").open
+def assert_an_archive_copy_closes_the_gate_for_its_key_only_until_vouched_for(world: MomentWorld) -> None:
+    world.create_secrets()
+    settings = fpc1_settings(world.url, world.keys_file)
+    assert rotation.retire_gate(settings, "k1").open and rotation.retire_gate(settings, "k10").open
 
-    pg_conn.execute("CREATE SCHEMA archive")
-    pg_conn.execute("CREATE DOMAIN archive.sealed AS varchar(500)")
-    pg_conn.execute("CREATE TABLE archive.secrets_2023 (id bigint, secret archive.sealed, note text)")
-    pg_conn.cursor().executemany("INSERT INTO archive.secrets_2023 VALUES (%s, %s, %s)",
-                                 [(i, fpc1_value("k1"), f"moved from k10: {fpc1_value('k10')}") for i in range(3)])
-    report = retire_gate(settings, "k1")
+    world.execute(world.schema("archive", create=True))
+    world.execute(f"CREATE TABLE archive.secrets_2023 (id bigint, secret {world.sealed('archive')}, note text)")
+    world.execute("INSERT INTO archive.secrets_2023 VALUES " + ", ".join(["(%s, %s, %s)"] * 3),
+                  tuple(x for i in range(3) for x in (i, fpc1_value("k1"), f"moved from k10: {fpc1_value('k10')}")))
+    report = rotation.retire_gate(settings, "k1")
 
     assert not report.open
     assert report.blocking["OUTSIDE_TARGETS"] == 3 and report.blocking.get("HISTORICAL", 0) == 0
@@ -90,18 +95,24 @@ def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_
     assert found == {"archive.secrets_2023.secret": {"column": "archive.secrets_2023.secret", "by_key": {"k1": 3},
                                                      "method": "pattern"}}
     # k10 is another key (not a prefix match of k1); its values sit inside free text.
-    k10 = retire_gate(settings, "k10")
+    k10 = rotation.retire_gate(settings, "k10")
     assert not k10.open and k10.blocking["OUTSIDE_TARGETS"] == 3
     assert list(by_column(k10.as_dict())) == ["archive.secrets_2023.note"]
     text = json.dumps(report.as_dict())
     assert "FPC1:" not in text and b64(FPC1_KEYS["k1"]) not in text
 
     # The operator vouches for the archive: not swept, listed as such, the gate opens.
-    skipped = retire_gate(fpc1_settings(database_url, keys_file, skip=("archive.*",)), "k1")
+    skipped = rotation.retire_gate(fpc1_settings(world.url, world.keys_file, skip=("archive.*",)), "k1")
     assert skipped.open
     assert skipped.discovery["not_swept"] == {"archive.secrets_2023": "[gate] discover_skip"}
-    column_skip = retire_gate(fpc1_settings(database_url, keys_file, skip=("archive.secrets_2023.sec*",)), "k10")
+    column_skip = rotation.retire_gate(fpc1_settings(world.url, world.keys_file, skip=("archive.secrets_2023.sec*",)),
+                                       "k10")
     assert not column_skip.open and "archive.secrets_2023.secret" in column_skip.discovery["not_swept"]
+
+
+def test_an_archive_copy_of_an_fpc1_target_closes_the_gate_for_its_key_only_and_names_the_column(
+        pg_world: PgMoment) -> None:
+    assert_an_archive_copy_closes_the_gate_for_its_key_only_until_vouched_for(pg_world)
 
 
 def test_an_fpc1_value_in_a_jsonb_field_outside_json_paths_closes_the_gate_and_configured_paths_count_once(
@@ -168,29 +179,32 @@ def test_partitions_are_swept_once_materialized_views_are_copies_and_a_configure
 # -- aesgcm: sampling -------------------------------------------------------------------------------------
 
 
-def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the_gate_by_trying_every_value(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    create_people(pg_conn, keys_file)  # 12 rows on key 1, key 2 current
-    pg_conn.execute("CREATE SCHEMA backup")
-    pg_conn.execute("CREATE TABLE backup.people AS SELECT id, name_cipher FROM people")
-    pg_conn.execute("CREATE TABLE exported (id bigint, name_b64 text)")
-    pg_conn.execute("INSERT INTO exported SELECT id, translate(encode(name_cipher, 'base64'), E'\\n', '') "
-                    "FROM people WHERE id <= 5")
-    settings = settings_for(database_url, keys_file)
+def assert_binary_copies_elsewhere_close_the_gate_by_trying_every_value(world: MomentWorld) -> None:
+    world.create_people()  # 12 rows on key 1, key 2 current
+    world.execute(world.schema("backup", create=True))
+    world.execute("CREATE TABLE backup.people AS SELECT id, name_cipher FROM people")
+    world.execute("CREATE TABLE exported (id bigint, name_b64 text)")
+    world.execute(f"INSERT INTO exported SELECT id, {world.base64('name_cipher')} FROM people WHERE id <= 5")
+    settings = settings_for(world.url, world.keys_file)
     assert rotation.run_rotation(settings).exit_code == 0
 
-    report = retire_gate(settings, "1")
+    report = rotation.retire_gate(settings, "1")
 
     assert not report.open and report.blocking.get("HISTORICAL", 0) == 0
     assert report.blocking["OUTSIDE_TARGETS"] == 12 + 5
+    exported = world.label("exported") + ".name_b64"
     assert by_column(report.as_dict()) == {
         "backup.people.name_cipher": {"column": "backup.people.name_cipher", "by_key": {"1": 12},
                                       "method": "trial", "tried": 12},
-        "public.exported.name_b64": {"column": "public.exported.name_b64", "by_key": {"1": 5},
-                                     "method": "trial", "tried": 5}}
-    pg_conn.execute("DROP SCHEMA backup CASCADE")
-    pg_conn.execute("DROP TABLE exported")
-    assert retire_gate(settings, "1").open
+        exported: {"column": exported, "by_key": {"1": 5}, "method": "trial", "tried": 5}}
+    world.execute(world.schema("backup", create=False))
+    world.execute("DROP TABLE exported")
+    assert rotation.retire_gate(settings, "1").open
+
+
+def test_an_aesgcm_bytea_copy_in_another_schema_and_a_base64_text_copy_close_the_gate_by_trying_every_value(
+        pg_world: PgMoment) -> None:
+    assert_binary_copies_elsewhere_close_the_gate_by_trying_every_value(pg_world)
 
 
 def test_a_large_copy_is_tried_value_by_value_and_every_value_under_the_key_is_counted(
@@ -215,13 +229,16 @@ def test_a_large_copy_is_tried_value_by_value_and_every_value_under_the_key_is_c
     assert found["tried"] == 6000 and found["by_key"] == {"1": 3000} and not report.open
 
 
-def test_the_runs_gate_section_sweeps_too_and_names_the_column(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    create_people(pg_conn, keys_file)
-    pg_conn.execute("CREATE TABLE people_archive AS SELECT id, name_cipher FROM people")
-    report = rotation.run_rotation(settings_for(database_url, keys_file))
+def assert_the_runs_gate_section_sweeps_too_and_names_the_column(world: MomentWorld) -> None:
+    world.create_people()
+    world.execute("CREATE TABLE people_archive AS SELECT id, name_cipher FROM people")
+    report = rotation.run_rotation(settings_for(world.url, world.keys_file))
     assert report.gate["1"] == {"open": False, "blocking": {"OUTSIDE_TARGETS": 12},
-                                "outside_targets": ["public.people_archive.name_cipher"]}
+                                "outside_targets": [world.label("people_archive") + ".name_cipher"]}
+
+
+def test_the_runs_gate_section_sweeps_too_and_names_the_column(pg_world: PgMoment) -> None:
+    assert_the_runs_gate_section_sweeps_too_and_names_the_column(pg_world)
 
 
 # -- tables the sweep cannot read ------------------------------------------------------------------------
@@ -251,24 +268,21 @@ def test_a_table_the_role_cannot_read_closes_the_gate_named_and_discover_skip_op
     assert retire_gate(as_app, "1").open
 
 
-def test_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pinrotate_core.engines.postgresql.snapshot as discover_module
-
-    # The sweep's lock_timeout (5 s) is what PostgreSQL gives up after; the lock and the refusal
-    # are real either way, and the test needs no more than a quarter of a second of it.
-    monkeypatch.setattr(discover_module, "LOCK_TIMEOUT", "250ms")
-    create_secrets(pg_conn)
-    pg_conn.execute("CREATE TABLE being_altered (id bigint, note text)")
-    settings = fpc1_settings(database_url, keys_file)
-    with psycopg.connect(database_url) as ddl:  # a migration holding ACCESS EXCLUSIVE, not committed yet
-        ddl.execute("LOCK TABLE being_altered IN ACCESS EXCLUSIVE MODE")
-        report = retire_gate(settings, "k1")
-        ddl.rollback()
+def assert_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
+        world: MomentWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    world.create_secrets()
+    world.execute("CREATE TABLE being_altered (id bigint, note text)")
+    settings = fpc1_settings(world.url, world.keys_file)
+    with world.locked_by_ddl("being_altered", monkeypatch) as refusal:
+        report = rotation.retire_gate(settings, "k1")
     assert not report.open and report.blocking["UNREADABLE"] == 1
-    assert report.discovery["unreadable"]["public.being_altered"].startswith(
-        "cannot read public.being_altered (LockNotAvailable, SQLSTATE 55P03)")
-    assert retire_gate(settings, "k1").open
+    assert report.discovery["unreadable"][world.label("being_altered")].startswith(refusal)
+    assert rotation.retire_gate(settings, "k1").open
+
+
+def test_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(
+        pg_world: PgMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_a_table_locked_by_ddl_past_the_lock_timeout_closes_the_gate_named(pg_world, monkeypatch)
 
 
 def test_discover_skip_entries_are_validated() -> None:

@@ -4,6 +4,8 @@ target while gates run, tables renamed / dropped / truncated between the snapsho
 value of a column tried (no sample), the encodings and containers programs store ciphertexts in, large
 objects, other sessions' temporary tables, NULL key versions of soft-deleted rows, and the run's own gate
 section. Each situation keeps the gate closed and names where; with nothing left, the gate opens.
+tests/test_gate_moment_mysql.py runs the ``assert_*`` bodies on MariaDB (a ``MomentWorld`` of
+tests/moment_world.py per engine; which and why in its docstring).
 """
 
 from __future__ import annotations
@@ -18,46 +20,41 @@ import psycopg
 import pytest
 
 from pinrotate_core import rotation
-from pinrotate_core.engines.postgresql import snapshot as snapshot_module
-from pinrotate_core.gate import retire_gate
+from pinrotate_core.rotation import retire_gate  # by the URL's engine, as the command line asks it
 
+from .moment_world import MomentWorld, PgMoment, rotated
 from .test_gate_discover import by_column, create_secrets, fpc1_settings, fpc1_value
-from .test_targets import create_people, settings_for
+from .test_targets import settings_for
 
 MOVER_SECONDS = 3.0
 
 
+@pytest.fixture
+def pg_world(database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> PgMoment:
+    return PgMoment(database_url, pg_conn, keys_file)
+
+
 def rotated_people(conn: psycopg.Connection[Any], keys_file: Path, url: str) -> tuple[bytes, Any]:
-    """``people`` rotated onto key 2; returns a ciphertext under key 1 (kept from before the run)."""
-    create_people(conn, keys_file)
-    row = conn.execute("SELECT name_cipher FROM people WHERE id = 1").fetchone()
-    assert row is not None
-    settings = settings_for(url, keys_file)
-    assert rotation.run_rotation(settings).exit_code == 0
-    assert retire_gate(settings, "1").open  # nothing left: the gate opens (no false closed)
-    return bytes(row[0]), settings
+    return rotated(PgMoment(url, conn, keys_file))
 
 
 # -- one snapshot ---------------------------------------------------------------------------------------
 
 
-def test_a_row_moved_between_an_archive_and_a_target_in_one_statement_never_opens_the_gate(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    old, settings = rotated_people(pg_conn, keys_file, database_url)
-    pg_conn.execute("CREATE TABLE people_archive (LIKE people INCLUDING DEFAULTS)")
-    pg_conn.execute("INSERT INTO people_archive (id, tenant, key_version, name_cipher) VALUES (1000, 'a', 1, %s)",
-                    (old,))
+def assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(world: MomentWorld,
+                                                                            seconds: float = MOVER_SECONDS) -> None:
+    old, settings = rotated(world)
+    world.execute(world.create_like("people_archive", "people"))
+    world.execute("INSERT INTO people_archive (id, tenant, key_version, name_cipher) VALUES (1000, 'a', 1, %s)",
+                  (old,))
     stop = threading.Event()
     moves = [0]
 
     def mover() -> None:
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with world.session() as run:
             while not stop.is_set():
-                # The application's archive job: one statement, nothing new written under the key.
-                conn.execute("WITH d AS (DELETE FROM people_archive WHERE id = 1000 RETURNING *) "
-                             "INSERT INTO people SELECT * FROM d")
-                conn.execute("WITH d AS (DELETE FROM people WHERE id = 1000 RETURNING *) "
-                             "INSERT INTO people_archive SELECT * FROM d")
+                for statement in (*world.move("people_archive", "people"), *world.move("people", "people_archive")):
+                    run(statement)
                 moves[0] += 2
 
     thread = threading.Thread(target=mover, daemon=True)
@@ -65,7 +62,7 @@ def test_a_row_moved_between_an_archive_and_a_target_in_one_statement_never_open
     verdicts = []
     try:
         started = time.monotonic()
-        while time.monotonic() - started < MOVER_SECONDS or len(verdicts) < 3:
+        while time.monotonic() - started < seconds or len(verdicts) < 3:
             report = retire_gate(settings, "1")
             verdicts.append((report.open, report.blocking.get("HISTORICAL", 0) + report.blocking.get(
                 "OUTSIDE_TARGETS", 0)))
@@ -74,79 +71,74 @@ def test_a_row_moved_between_an_archive_and_a_target_in_one_statement_never_open
         thread.join(timeout=10)
     assert moves[0] > len(verdicts)  # the mover really moved while the gates read
     assert all(not is_open and found == 1 for is_open, found in verdicts), verdicts
-    pg_conn.execute("DROP TABLE people_archive")
-    pg_conn.execute("DELETE FROM people WHERE id = 1000")
+    world.execute("DROP TABLE people_archive")
+    world.execute("DELETE FROM people WHERE id = 1000")
     assert retire_gate(settings, "1").open
+
+
+def test_a_row_moved_between_an_archive_and_a_target_in_one_statement_never_opens_the_gate(
+        pg_world: PgMoment) -> None:
+    assert_a_row_moved_between_an_archive_and_a_target_never_opens_the_gate(pg_world)
 
 
 # -- relations by identity ------------------------------------------------------------------------------
 
 
-def _before_hold(monkeypatch: pytest.MonkeyPatch, url: str, statement: str) -> None:
-    """Run ``statement`` in another session right after the gate planned from its snapshot, before it reads
-    (the first relation it holds): the rename / drop / rewrite of an archive job, deterministically."""
-    real = snapshot_module.hold
-    done = [False]
-
-    def hold(conn: psycopg.Connection[Any], oid: int, label: str) -> str | None:
-        if not done[0] and label.startswith("public.people_archive"):
-            done[0] = True
-            with psycopg.connect(url, autocommit=True) as other:
-                other.execute(statement)
-        return real(conn, oid, label)
-
-    monkeypatch.setattr("pinrotate_core.gate.discover.hold", hold)
-
-
-def test_an_archive_renamed_while_the_gate_reads_is_still_read_under_its_snapshot_name(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    old, settings = rotated_people(pg_conn, keys_file, database_url)
-    pg_conn.execute("CREATE TABLE people_archive (id bigint, name_cipher bytea)")
-    pg_conn.execute("INSERT INTO people_archive VALUES (1, %s)", (old,))
-    _before_hold(monkeypatch, database_url, "ALTER TABLE people_archive RENAME TO people_archive_2026")
+def assert_an_archive_renamed_after_the_snapshot_is_still_read(world: MomentWorld,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    old, settings = rotated(world)
+    world.execute(f"CREATE TABLE people_archive (id bigint, name_cipher {world.blob})")
+    world.execute("INSERT INTO people_archive VALUES (1, %s)", (old,))
+    world.after_snapshot(monkeypatch, [world.rename("people_archive", "people_archive_2026")], target=False)
 
     report = retire_gate(settings, "1")
 
     assert not report.open and report.blocking["OUTSIDE_TARGETS"] == 1
-    assert by_column(report.as_dict())["public.people_archive.name_cipher"]["by_key"] == {"1": 1}
+    name = "people_archive" if world.renamed_read_as == "old" else "people_archive_2026"
+    assert by_column(report.as_dict())[world.label(name) + ".name_cipher"]["by_key"] == {"1": 1}
 
 
-@pytest.mark.parametrize("statement", ["DROP TABLE people_archive", "TRUNCATE people_archive"])
-def test_an_archive_dropped_or_truncated_after_the_snapshot_is_unreadable_never_nothing_there(
-        statement: str, database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    old, settings = rotated_people(pg_conn, keys_file, database_url)
-    pg_conn.execute("CREATE TABLE people_archive (id bigint, name_cipher bytea)")
-    pg_conn.execute("INSERT INTO people_archive VALUES (1, %s)", (old,))
-    _before_hold(monkeypatch, database_url, statement)
+def test_an_archive_renamed_while_the_gate_reads_is_still_read_under_its_snapshot_name(
+        pg_world: PgMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_an_archive_renamed_after_the_snapshot_is_still_read(pg_world, monkeypatch)
+
+
+def assert_an_archive_dropped_or_truncated_after_the_snapshot_is_unreadable(
+        world: MomentWorld, statement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    old, settings = rotated(world)
+    world.execute(f"CREATE TABLE people_archive (id bigint, name_cipher {world.blob})")
+    world.execute("INSERT INTO people_archive VALUES (1, %s)", (old,))
+    world.after_snapshot(monkeypatch, [statement], target=False)
 
     report = retire_gate(settings, "1")
 
     assert not report.open and report.blocking["UNREADABLE"] == 1
-    reason = report.discovery["unreadable"]["public.people_archive"]
+    reason = report.discovery["unreadable"][world.label("people_archive")]
     assert ("dropped" in reason) if statement.startswith("DROP") else ("rewritten" in reason), reason
     monkeypatch.undo()
-    pg_conn.execute("DROP TABLE IF EXISTS people_archive")
+    world.execute("DROP TABLE IF EXISTS people_archive")
     assert retire_gate(settings, "1").open
 
 
-def test_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _, settings = rotated_people(pg_conn, keys_file, database_url)
-    real = snapshot_module.hold_target
-    done = [False]
+@pytest.mark.parametrize("statement", ["DROP TABLE people_archive", "TRUNCATE people_archive"])
+def test_an_archive_dropped_or_truncated_after_the_snapshot_is_unreadable_never_nothing_there(
+        statement: str, pg_world: PgMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_an_archive_dropped_or_truncated_after_the_snapshot_is_unreadable(pg_world, statement, monkeypatch)
 
-    def hold_target(conn: psycopg.Connection[Any], relation: Any, label: str) -> str | None:
-        if not done[0]:
-            done[0] = True
-            with psycopg.connect(database_url, autocommit=True) as other:
-                other.execute("ALTER TABLE people RENAME TO people_old; CREATE TABLE people (LIKE people_old)")
-        return real(conn, relation, label)
 
-    monkeypatch.setattr("pinrotate_core.gate.look.hold_target", hold_target)
+def assert_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(
+        world: MomentWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, settings = rotated(world)
+    world.after_snapshot(monkeypatch, [world.rename("people", "people_old"), world.create_like("people", "people_old")],
+                         target=True)
     report = retire_gate(settings, "1")
     assert not report.open and report.blocking["BLOCKED"] == 1
     assert "not the one it was at the gate's snapshot" in report.targets["People"]["blocked_reason"]
+
+
+def test_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(
+        pg_world: PgMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(pg_world, monkeypatch)
 
 
 # -- every value, every encoding, every container -------------------------------------------------------
@@ -261,17 +253,20 @@ def test_a_soft_deleted_row_with_a_null_key_version_and_a_ciphertext_is_unknown(
     assert retire_gate(settings, "1").open
 
 
-def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(
-        database_url: str, pg_conn: psycopg.Connection[Any], keys_file: Path) -> None:
-    old, settings = rotated_people(pg_conn, keys_file, database_url)
+def assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(world: MomentWorld) -> None:
+    old, settings = rotated(world)
     # A stale writer: a key-1 ciphertext labelled with key 2. Counted shallow it is ACTIVE; deep it is FAILED.
-    pg_conn.execute("UPDATE people SET name_cipher = %s WHERE id = 3", (old,))
+    world.execute("UPDATE people SET name_cipher = %s WHERE id = 3", (old,))
 
     gate = retire_gate(settings, "1")
     run = rotation.run_rotation(settings)
 
     assert not gate.open and gate.blocking["FAILED"] == 1
     assert run.gate["1"]["open"] is False and run.gate["1"]["blocking"].get("FAILED") == 1
+
+
+def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(pg_world: PgMoment) -> None:
+    assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(pg_world)
 
 
 def test_a_writer_that_began_after_the_mark_and_commits_after_the_snapshot_is_waited_for_and_seen(

@@ -65,6 +65,7 @@ def _look_keys(conn: MySqlConnection, settings: Settings, keyring: Keyring, keys
                                                                      list[str]]:
     """One look for every key of ``keys`` (one snapshot, one inventory, one sweep). ``failed``,
     ``conflicts``: a run's own rows that did not decrypt and its CONFLICTs, per target."""
+    before = GATE_CHECKS.candidate_tables(conn)  # the catalog is not in the snapshot: what a DROP would hide
     with GATE_CHECKS.snapshot(conn):
         time.sleep(INNODB_TRX_CACHE_S)  # INNODB_TRX is a cache: let it catch up with the snapshot's moment
         in_flight = GATE_CHECKS.in_flight(conn)
@@ -74,7 +75,7 @@ def _look_keys(conn: MySqlConnection, settings: Settings, keyring: Keyring, keys
             if name in inv.targets:
                 inv.targets[name].counts["FAILED"] = max(inv.targets[name].counts["FAILED"], n)
         reports = {key: evaluate_gate(inv, key, conflicts=conflicts, erase_excluded=erase_excluded) for key in keys}
-        discovery = sweep_mysql(conn, settings, keyring, key_ids=list(keys))
+        discovery = sweep_mysql(conn, settings, keyring, key_ids=list(keys), tables_before=before)
         for report in reports.values():
             apply_discovery(report, discovery)
     for report in reports.values():

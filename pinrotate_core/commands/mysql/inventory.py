@@ -27,10 +27,17 @@ from pymysql.cursors import SSCursor
 from ...config import Settings, TargetSettings
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
-from ...engines.mysql.gate import GATE_CHECKS
+from ...engines.mysql.gate import GATE_CHECKS, changed_since_snapshot
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
-from ...inventory import Inventory, TargetInventory, bind_for_inventory, capacity_reason, conclude_target
+from ...inventory import (
+    Inventory,
+    TargetInventory,
+    bind_for_inventory,
+    blocked_inventory,
+    capacity_reason,
+    conclude_target,
+)
 from ...keyring import Keyring
 from ...reading_start import start_reading
 from ...schemes.base import LEGACY_KEY, InventoryFacts, Scheme
@@ -67,19 +74,30 @@ def inventory_on_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyri
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
     for t in chosen:
-        bound = bind_for_inventory(lambda t: resolve_mysql_target(conn, t, writing=False), t, keyring, settings,
-                                   provider)
-        if isinstance(bound, TargetInventory):
-            result.targets[t.name] = bound
-            continue
-        _, scheme = bound
         try:
-            result.targets[t.name] = inventory_target(conn, scheme, deep=deep, tenant=tenant)
-            if t.tenant:
-                result.targets[t.name].extra["tenants"] = tenants_in_scope(conn, t, tenant)
+            result.targets[t.name] = _target_inventory(conn, t, settings, keyring, deep=deep, tenant=tenant,
+                                                       provider=provider)
         except pymysql.err.MySQLError as e:
-            raise DatabaseError(f"inventory of target {t.name} failed ({mysql_connect.describe_db_error(e)})") from None
+            changed = changed_since_snapshot(e)
+            if changed is None:
+                raise DatabaseError(f"inventory of target {t.name} failed ({mysql_connect.describe_db_error(e)})"
+                                    ) from None
+            # InnoDB's snapshot does not hold DDL back: the table under this name is another one now.
+            result.targets[t.name] = blocked_inventory(t, f"{t.table} is not the one it was at the gate's snapshot: "
+                                                          f"{changed}; look again")
     return result
+
+
+def _target_inventory(conn: MySqlConnection, t: TargetSettings, settings: Settings, keyring: Keyring, *,
+                      deep: bool, tenant: str | None, provider: object) -> TargetInventory:
+    bound = bind_for_inventory(lambda t: resolve_mysql_target(conn, t, writing=False), t, keyring, settings, provider)
+    if isinstance(bound, TargetInventory):
+        return bound
+    _, scheme = bound
+    inv = inventory_target(conn, scheme, deep=deep, tenant=tenant)
+    if t.tenant:
+        inv.extra["tenants"] = tenants_in_scope(conn, t, tenant)
+    return inv
 
 
 def _stream(conn: MySqlConnection, statement: str) -> Iterator[tuple[Any, ...]]:

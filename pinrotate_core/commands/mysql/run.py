@@ -61,6 +61,7 @@ from ...drain.results import (
     commit_unknown_note,
     natural_id_order,
 )
+from ...drain.run import MAX_SWEEPS
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.guard import CasOutcome, CasRow, CommitOutcomeUnknown, MySqlCasGuard, batch_transaction
@@ -227,81 +228,91 @@ def drain_target(conn: MySqlConnection, scheme: Scheme, options: DrainOptions, r
     lo, hi = options.id_range
     batch_no = 0
     try:
-        while True:
-            size = _wait_for_next_batch(options, batch_no == 0)
-            reason = stop_reason(options)
-            if reason is not None:
-                result.stopped = reason
+        # A pass over the range, then sweeps of the rows the application held at the write (they may be
+        # free by then), while a sweep moves something, as on PostgreSQL (drain.run: MAX_SWEEPS).
+        only: list[Any] | None = None
+        for sweep in range(MAX_SWEEPS + 1):
+            lo, held, moved_before = options.id_range[0], [], result.reencrypted
+            while True:
+                size = _wait_for_next_batch(options, batch_no == 0)
+                reason = stop_reason(options)
+                if reason is not None:
+                    result.stopped = reason
+                    break
+                started = time.perf_counter()
+                rows = read_batch(conn, scheme, tenant, lo, hi, size, only=only)
+                if not rows:
+                    break
+                lo = rows[-1][0]
+                batch_no += 1
+                result.batches += 1  # every batch read, written or not, dry or not: as on PostgreSQL
+                plan = scheme.plan(rows, known_failed)
+                if options.before_write is not None:  # between the batch's read and its write, as on PostgreSQL
+                    options.before_write(batch_no, [r[0] for r in rows])
+                for f in plan.failed:
+                    if f.id not in known_failed:
+                        result.failed.append(f)
+                        known_failed.add(f.id)
+                for name, n in plan.counts.items():
+                    result.counts[name] = result.counts.get(name, 0) + n
+                conflicts = 0
+                if dry_run:
+                    moved = plan.planned
+                    result.reencrypted += moved
+                elif not plan.writes:
+                    moved = 0
+                else:
+                    read = {row[0]: row for row in rows}
+                    new: dict[Any, list[Any]] = {}
+                    weight: dict[Any, int] = {}
+                    written_columns: dict[Any, list[str]] = {}
+                    for w in plan.writes:
+                        for j, row_id in enumerate(w.ids):
+                            values = new.setdefault(row_id, list(read[row_id][2:]))
+                            for k, column in enumerate(w.columns):
+                                values[column] = w.new[k][j]
+                                written_columns.setdefault(row_id, []).append(ciphers[column])
+                            weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
+                    current = [int(scheme.current_key)] if kv else []
+                    cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
+                           for row_id, values in new.items()]
+                    # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
+                    with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
+                        try:
+                            outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
+                        except CommitOutcomeUnknown as e:  # never reported as rolled back
+                            raise CommitUnknown(t.name, sum(weight.values()),
+                                                mysql_connect.describe_db_error(e.cause)) from None
+                        for row_id in not_stored:  # left as it was, whole: FAILED, as on PostgreSQL
+                            failed = FailedRow(t.name, str(row_id), tuple(dict.fromkeys(written_columns[row_id])),
+                                               NOT_STORED)
+                            plan.failed.append(failed)
+                            result.failed.append(failed)
+                            known_failed.add(failed.id)
+                        moved = sum(weight[i] for i in outcome.written)
+                        held += outcome.skipped  # held by the application: for the sweep
+                        tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
+                                              (f.reason for f in plan.failed))
+                    result.reencrypted += moved
+                    result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
+                    if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
+                        settled = _settled_elsewhere(conn, scheme, tenant, read, outcome.changed)
+                        for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
+                            if row_id in settled:  # moved by another run meanwhile: done, not a CONFLICT
+                                result.counts["settled_elsewhere"] = (result.counts.get("settled_elsewhere", 0)
+                                                                      + weight[row_id])
+                                continue
+                            by = tenant_key(read[row_id][1])
+                            conflicts += weight[row_id]
+                            result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
+                        result.conflicts += conflicts
+                    # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
+                    if options.throttle is not None:  # read-to-commit time feeds the batch sizer
+                        options.throttle.batch_done(time.perf_counter() - started, len(rows))
+                _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
+            if result.stopped is not None or dry_run or not held or (sweep and result.reencrypted == moved_before):
                 break
-            started = time.perf_counter()
-            rows = read_batch(conn, scheme, tenant, lo, hi, size)
-            if not rows:
-                break
-            lo = rows[-1][0]
-            batch_no += 1
-            result.batches += 1  # every batch read, written or not, dry or not: as on PostgreSQL
-            plan = scheme.plan(rows, known_failed)
-            if options.before_write is not None:  # between the batch's read and its write, as on PostgreSQL
-                options.before_write(batch_no, [r[0] for r in rows])
-            for f in plan.failed:
-                if f.id not in known_failed:
-                    result.failed.append(f)
-                    known_failed.add(f.id)
-            for name, n in plan.counts.items():
-                result.counts[name] = result.counts.get(name, 0) + n
-            conflicts = 0
-            if dry_run:
-                moved = plan.planned
-                result.reencrypted += moved
-            elif not plan.writes:
-                moved = 0
-            else:
-                read = {row[0]: row for row in rows}
-                new: dict[Any, list[Any]] = {}
-                weight: dict[Any, int] = {}
-                written_columns: dict[Any, list[str]] = {}
-                for w in plan.writes:
-                    for j, row_id in enumerate(w.ids):
-                        values = new.setdefault(row_id, list(read[row_id][2:]))
-                        for k, column in enumerate(w.columns):
-                            values[column] = w.new[k][j]
-                            written_columns.setdefault(row_id, []).append(ciphers[column])
-                        weight[row_id] = weight.get(row_id, 0) + (w.weights[j] if j < len(w.weights) else 1)
-                current = [int(scheme.current_key)] if kv else []
-                cas = [CasRow(row_id, (*read[row_id][2:], *([read[row_id][1]] if kv else [])), (*values, *current))
-                       for row_id, values in new.items()]
-                # One ``pinrotate.batch`` span per batch transaction (names and counts only; no-op without tracing).
-                with tracing.batch_span(options.run_id, t.name, scheme.current_key, size, batch=batch_no) as span:
-                    try:
-                        outcome, not_stored = _write_stored(conn, guard, cas, options, t.name)
-                    except CommitOutcomeUnknown as e:  # never reported as rolled back
-                        raise CommitUnknown(t.name, sum(weight.values()),
-                                            mysql_connect.describe_db_error(e.cause)) from None
-                    for row_id in not_stored:  # left as it was, whole: FAILED, as on PostgreSQL
-                        failed = FailedRow(t.name, str(row_id), tuple(dict.fromkeys(written_columns[row_id])),
-                                           NOT_STORED)
-                        plan.failed.append(failed)
-                        result.failed.append(failed)
-                        known_failed.add(failed.id)
-                    moved = sum(weight[i] for i in outcome.written)
-                    tracing.batch_written(span, moved, len(outcome.changed) if t.format == "fpc1" else 0,
-                                          (f.reason for f in plan.failed))
-                result.reencrypted += moved
-                result.sample_ids += outcome.written[:max(0, SAMPLE_IDS - len(result.sample_ids))]
-                if t.format == "fpc1":  # CONFLICT: an fpc1 value changed between read and write (contract §6)
-                    settled = _settled_elsewhere(conn, scheme, tenant, read, outcome.changed)
-                    for row_id in outcome.changed:  # values, per tenant (read_list: id, tenant, values...)
-                        if row_id in settled:  # moved by another run meanwhile: done, not a CONFLICT
-                            result.counts["settled_elsewhere"] = result.counts.get("settled_elsewhere", 0) + weight[row_id]
-                            continue
-                        by = tenant_key(read[row_id][1])
-                        conflicts += weight[row_id]
-                        result.conflicts_by_tenant[by] = result.conflicts_by_tenant.get(by, 0) + weight[row_id]
-                    result.conflicts += conflicts
-                # aesgcm: a row the application changed meanwhile is left for the next run, as on PostgreSQL
-                if options.throttle is not None:  # read-to-commit time feeds the batch sizer
-                    options.throttle.batch_done(time.perf_counter() - started, len(rows))
-            _record(options, t.name, batch_no, len(rows), moved, len(plan.failed), conflicts, started)
+            only = held
     except CommitUnknown as e:  # the connection is gone: drain() recounts the backlog on another
         result.stopped, result.error, result.retryable = STOP_DB_ERROR, str(e), True
         result.notes.append(commit_unknown_note(e.rows))

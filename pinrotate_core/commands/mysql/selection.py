@@ -41,11 +41,13 @@ def stale_where(scheme: Scheme, tenant: str | None) -> str:
 
 
 def select_batch(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int | None,
-            columns: Sequence[str] | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The stale rows in ``(lo, hi]`` in id order (``size`` of them; None: all)."""
+            columns: Sequence[str] | None = None, only: Sequence[Any] | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The stale rows in ``(lo, hi]`` in id order (``size`` of them; None: all); with ``only``, among those ids."""
     t = scheme.target.settings
     idcol = ops.column(t.id, ALIAS)
     conds, params = ops.keyset(idcol, lo, hi)
+    if only is not None:
+        conds, params = [*conds, f"{idcol} IN ({', '.join(['%s'] * len(only))})"], [*params, *only]
     statement = ops.next_batch([idcol, *(scheme.read_list(ops, ALIAS) if columns is None else columns)],
                                ops.relation(t.schema_name, t.table_name, ALIAS), [stale_where(scheme, tenant), *conds],
                                idcol)
@@ -55,9 +57,10 @@ def select_batch(scheme: Scheme, tenant: str | None, lo: Any, hi: Any, size: int
 
 
 def read_batch(conn: MySqlConnection, scheme: Scheme, tenant: str | None, lo: Any, hi: Any,
-               size: int) -> list[tuple[Any, ...]]:
-    """The next batch of in-scope rows after id ``lo`` (up to ``hi``): ``(id, *read_list)`` each."""
-    statement, params = select_batch(scheme, tenant, lo, hi, size)
+               size: int, only: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    """The next batch of in-scope rows after id ``lo`` (up to ``hi``): ``(id, *read_list)`` each;
+    with ``only`` (a sweep), among those ids only."""
+    statement, params = select_batch(scheme, tenant, lo, hi, size, only=only)
     with conn.cursor() as cur:
         cur.execute(statement, params)
         return [tuple(r) for r in cur.fetchall()]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from fnmatch import fnmatchcase
 from itertools import groupby
 
@@ -53,16 +53,24 @@ def _current_database(conn: MySqlConnection) -> str:
     return str(row[0]) if row and row[0] is not None else ""
 
 
-def _skipped(label: str, table: str, globs: Sequence[str]) -> str | None:
-    for glob in globs:
-        if fnmatchcase(table, glob) or fnmatchcase(label, glob):
-            return f"[gate] discover_skip {glob!r}"
+def _skipped(table: str, column: str | None, globs: Sequence[str]) -> str | None:
+    """What ``[gate] discover_skip`` leaves out, named as on PostgreSQL (``gate.sweep_plan``): the
+    table when a ``schema.table`` glob names it, else the column when a ``schema.table.column`` one does."""
+    if any(fnmatchcase(table, glob) for glob in globs if glob.count(".") == 1):
+        return table
+    label = f"{table}.{column}"
+    if column is not None and any(fnmatchcase(label, glob) for glob in globs if glob.count(".") == 2):
+        return label
     return None
 
 
 def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
-                key_ids: Sequence[str] | None = None) -> Discovery:
-    """The sweep on ``conn``, which must be inside the gate's snapshot (``GATE_CHECKS.snapshot``)."""
+                key_ids: Sequence[str] | None = None,
+                tables_before: Collection[tuple[str, str]] = ()) -> Discovery:
+    """The sweep on ``conn``, which must be inside the gate's snapshot (``GATE_CHECKS.snapshot``).
+    ``tables_before``: ``GATE_CHECKS.candidate_tables`` read right before the snapshot began; one of
+    them the catalog no longer shows was dropped or renamed since, its rows at the snapshot unread:
+    UNREADABLE, never nothing there (a renamed one is also read under its new name)."""
     started = time.monotonic()
     out = Discovery(server_side=keyring.server_side)
     here = _current_database(conn)
@@ -82,13 +90,21 @@ def sweep_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring,
         out.unswept["tables hidden from this role"] = ("information_schema shows only the tables the role holds a "
                                                        "privilege on: GRANT SELECT ON *.* to the gate's role")
     candidates: list[CandidateColumn] = []
-    for column in GATE_CHECKS.candidate_columns(conn):
+    columns_now = GATE_CHECKS.candidate_columns(conn)
+    for schema, table in sorted(set(tables_before) - {(c.schema, c.table) for c in columns_now}):
+        label = f"{schema}.{table}"
+        if _skipped(label, None, settings.gate.discover_skip) is not None:
+            out.not_swept[label] = "[gate] discover_skip"
+        else:
+            out.unreadable[label] = ("dropped or renamed after the gate's snapshot began: what it held then was not "
+                                     "read; look again")
+    for column in columns_now:
         if (column.schema, column.table, column.column) in configured:
             continue
         table = f"{column.schema}.{column.table}"
-        skip = _skipped(column.label, table, settings.gate.discover_skip)
-        if skip is not None:
-            out.not_swept[column.label] = skip
+        skipped = _skipped(table, column.column, settings.gate.discover_skip)
+        if skipped is not None:
+            out.not_swept[skipped] = "[gate] discover_skip"
         elif not column.readable:
             out.unreadable[column.label] = "the role may not SELECT it"
         elif not column.transactional:
@@ -128,8 +144,10 @@ def discover_mysql(settings: Settings) -> Discovery:
     engine = make_engine(database_url(settings), pool_size=1)
     try:
         settings = with_forge_targets(settings, engine)  # Forge's own tables are targets, not finds
-        with mysql_connect.raw_connection(engine) as conn, GATE_CHECKS.snapshot(conn):
-            return sweep_mysql(conn, settings, keyring)
+        with mysql_connect.raw_connection(engine) as conn:
+            before = GATE_CHECKS.candidate_tables(conn)
+            with GATE_CHECKS.snapshot(conn):
+                return sweep_mysql(conn, settings, keyring, tables_before=before)
     finally:
         engine.dispose()
 

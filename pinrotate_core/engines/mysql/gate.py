@@ -27,6 +27,12 @@ BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longbl
 TRANSACTIONAL_ENGINES = ("innodb",)
 _ACCESS_DENIED = frozenset({1142, 1143, 1227})
 _NO_SUCH_TABLE = 1146
+_TABLE_DEF_CHANGED = 1412
+_LOCK_WAIT_TIMEOUT = 1205
+# How long a read of the gate (or of an inventory) waits for a table's metadata lock held by DDL
+# (``LOCK TABLES ... WRITE``, an ALTER): the server's default is a day or a year. Past it the table
+# is UNREADABLE, named, as PostgreSQL's sweep gives up after its lock_timeout.
+LOCK_WAIT_S = 5
 INNODB_TRX_CACHE_S = 0.1  # information_schema.INNODB_TRX is refreshed at most this often
 
 
@@ -41,18 +47,32 @@ def _rows(conn: MySqlConnection, what: str, statement: str,
         raise DatabaseError(f"cannot read {what} ({describe_db_error(e)}){hint}") from None
 
 
+def changed_since_snapshot(e: BaseException) -> str | None:
+    """Why a read inside a consistent snapshot failed when InnoDB's snapshot did not hold DDL back
+    (it does not: only the tables a transaction has read are held): None for any other failure."""
+    number = error_number(e)
+    if number == _TABLE_DEF_CHANGED:
+        return "rewritten after the snapshot (truncated, altered or replaced: error 1412)"
+    if number == _NO_SUCH_TABLE:
+        return "dropped or renamed after the snapshot (error 1146)"
+    return None
+
+
 class MySqlGateChecks:
     @contextlib.contextmanager
     def snapshot(self, conn: MySqlConnection) -> Iterator[None]:
         """Every read inside sees one moment of every InnoDB table of the server; nothing can be
         written through it. Rolled back at the end (there is nothing to commit)."""
         with conn.cursor() as cur:
+            cur.execute(f"SET SESSION lock_wait_timeout = {int(LOCK_WAIT_S)}")
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction only
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         try:
             yield
         finally:
             conn.rollback()
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
 
     def candidate_columns(self, conn: MySqlConnection) -> list[CandidateColumn]:
         """Every text, JSON or binary column of every base table the server shows this role,
@@ -62,15 +82,7 @@ class MySqlGateChecks:
         A table on which the role holds no privilege at all is not shown by
         ``information_schema``: ``sees_every_table`` tells whether that can happen.
         """
-        kinds = ", ".join(f"'{t}'" for t in (*TEXT_TYPES, *BINARY_TYPES))
-        system = ", ".join(f"'{s}'" for s in SYSTEM_SCHEMAS)
-        rows = _rows(conn, "the catalog of the sweep",
-                     "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, LOWER(c.DATA_TYPE), LOWER(t.ENGINE)"
-                     " FROM information_schema.COLUMNS c JOIN information_schema.TABLES t"
-                     " ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME"
-                     f" WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.TABLE_SCHEMA NOT IN ({system})"
-                     f" AND LOWER(c.DATA_TYPE) IN ({kinds}) AND c.EXTRA NOT LIKE '%GENERATED%'"
-                     " ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION")
+        rows = self._catalog(conn)
         found: list[CandidateColumn] = []
         for schema, table, column, type_name, engine in rows:
             readable = self._readable(conn, str(schema), str(table), str(column))
@@ -80,9 +92,29 @@ class MySqlGateChecks:
         return found
 
     @staticmethod
+    def _catalog(conn: MySqlConnection) -> list[tuple[object, ...]]:
+        kinds = ", ".join(f"'{t}'" for t in (*TEXT_TYPES, *BINARY_TYPES))
+        system = ", ".join(f"'{s}'" for s in SYSTEM_SCHEMAS)
+        return _rows(conn, "the catalog of the sweep",
+                     "SELECT c.TABLE_SCHEMA, c.TABLE_NAME, c.COLUMN_NAME, LOWER(c.DATA_TYPE), LOWER(t.ENGINE)"
+                     " FROM information_schema.COLUMNS c JOIN information_schema.TABLES t"
+                     " ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME"
+                     f" WHERE t.TABLE_TYPE = 'BASE TABLE' AND c.TABLE_SCHEMA NOT IN ({system})"
+                     f" AND LOWER(c.DATA_TYPE) IN ({kinds}) AND c.EXTRA NOT LIKE '%GENERATED%'"
+                     " ORDER BY c.TABLE_SCHEMA, c.TABLE_NAME, c.ORDINAL_POSITION")
+
+    def candidate_tables(self, conn: MySqlConnection) -> set[tuple[str, str]]:
+        """(schema, table) of every table ``candidate_columns`` would list now, without its checks.
+        Read right before a snapshot: the catalog is not in the snapshot (``information_schema``
+        shows the tables as they are when it is read), so a table dropped or renamed after the
+        snapshot began is missing from ``candidate_columns`` and only this list tells it was there."""
+        return {(str(schema), str(table)) for schema, table, *_ in self._catalog(conn)}
+
+    @staticmethod
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
-        # Dropped since the catalog was read (_NO_SUCH_TABLE): nothing left to find, readable.
-        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True}
+        # Dropped since the catalog was read (_NO_SUCH_TABLE), or held by DDL past LOCK_WAIT_S: readable
+        # as far as privileges go; the read itself names it (dropped after the snapshot, or locked).
+        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True, _LOCK_WAIT_TIMEOUT: True}
         try:
             answer = probe(conn, f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0",
                            refusals)

@@ -14,6 +14,7 @@ from pymysql.cursors import SSCursor
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn
 from .connect import MySqlConnection, describe_db_error
+from .gate import changed_since_snapshot
 from .operations import OPERATIONS as ops
 
 FETCH_ROWS = 1000
@@ -54,6 +55,10 @@ def stream_values(conn: MySqlConnection, columns: Sequence[CandidateColumn], mar
                         continue
                     yield i, value
     except pymysql.err.MySQLError as e:
+        changed = changed_since_snapshot(e)
+        if changed is not None:
+            raise DatabaseError(f"{schema}.{table} was {changed}: what it held at the snapshot cannot be read; "
+                                "look again") from None
         raise DatabaseError(f"cannot read {schema}.{table} for the sweep ({describe_db_error(e)})") from None
     finally:
         cursor.close()
