@@ -25,6 +25,12 @@ SCHEMES = ("mysql", "mariadb")
 DEFAULT_PORT = 3306
 MINIMUM = {"mariadb": (10, 6), "mysql": (8, 0)}
 CONNECT_TIMEOUT_S = 10
+# How long any statement of pinrotate waits for a table's metadata lock held by DDL (an ALTER,
+# LOCK TABLES ... WRITE): the server's default is a year (MySQL) or a day (MariaDB). Past it the
+# statement fails (error 1205) and the command says so in one line (exit 4) instead of hanging,
+# and a pinrotate statement never stays queued behind DDL, where it would queue the application's
+# statements behind it. Set on every connection pinrotate opens (``init_command``).
+TABLE_LOCK_WAIT_S = 5
 PROGRAM_NAME = "pinrotate"  # performance_schema.session_connect_attrs: how our sessions are told apart
 
 # Refusals that trying again cannot cure: access denied (1044, 1045, 1227, 1698), unknown database (1049).
@@ -55,7 +61,8 @@ def make_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
         max_overflow=2,
         pool_pre_ping=True,
         pool_reset_on_return=None,  # raw_connection() hands every connection back rolled back
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "program_name": PROGRAM_NAME},
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "program_name": PROGRAM_NAME,
+                      "init_command": f"SET SESSION lock_wait_timeout = {TABLE_LOCK_WAIT_S}"},
     )
     where = engine.url
 

@@ -14,7 +14,7 @@ import pymysql
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
 from .bookkeeping import DATABASE as BOOKKEEPING_DATABASE
-from .connect import MySqlConnection, describe_db_error, error_number, probe
+from .connect import TABLE_LOCK_WAIT_S, MySqlConnection, describe_db_error, error_number, probe
 from .operations import OPERATIONS as ops
 from .replication import replica_status
 
@@ -72,7 +72,7 @@ class MySqlGateChecks:
         finally:
             conn.rollback()
             with conn.cursor() as cur:
-                cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
+                cur.execute(f"SET SESSION lock_wait_timeout = {TABLE_LOCK_WAIT_S}")  # as every connection has it
 
     def candidate_columns(self, conn: MySqlConnection) -> list[CandidateColumn]:
         """Every text, JSON or binary column of every base table the server shows this role,
