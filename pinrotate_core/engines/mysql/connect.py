@@ -133,7 +133,17 @@ def probe(conn: MySqlConnection, statement: str, refusals: Mapping[int, T]) -> T
 def raw_connection(engine: sa.Engine) -> Iterator[MySqlConnection]:
     """A PyMySQL connection from the pool in autocommit mode (every batch is an explicit
     transaction), handed back rolled back with the session settings pinrotate changes reset."""
-    proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
+    try:
+        proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
+    except pymysql.err.OperationalError as e:
+        # Connected, then lost while SQLAlchemy first read the server (its on-connect statements
+        # raise the driver's error as it is): an outage or a killed session, as retryable as a
+        # connection that could not be had.
+        raise unavailable(engine.url, e) from None
+    except sa.exc.DBAPIError as e:  # the same, from the dialect's first reads (version, sql_mode)
+        if isinstance(e.orig, pymysql.err.OperationalError):
+            raise unavailable(engine.url, e.orig) from None
+        raise
     try:
         conn = proxied.driver_connection
         assert isinstance(conn, Connection)

@@ -126,7 +126,16 @@ def unavailable(url: sa.URL, error: psycopg.OperationalError) -> DatabaseUnavail
 def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A psycopg connection from the pool, in autocommit mode so that every batch is an explicit
     ``with conn.transaction():`` block; handed back to the pool in its default state."""
-    proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
+    try:
+        proxied = engine.raw_connection()  # DatabaseUnavailable when no connection can be had
+    except psycopg.OperationalError as e:  # an on-connect statement's error, as the driver raised it
+        raise unavailable(engine.url, e) from None
+    except sa.exc.DBAPIError as e:
+        # Connected, then lost while SQLAlchemy first read the server (its version, settings): an
+        # outage or a terminated backend, as retryable as a connection that could not be had.
+        if isinstance(e.orig, psycopg.OperationalError):
+            raise unavailable(engine.url, e.orig) from None
+        raise
     try:
         conn = proxied.driver_connection
         assert isinstance(conn, psycopg.Connection)
