@@ -1,8 +1,10 @@
 """Least privilege on MariaDB (issue 32): the bodies of tests/test_privileges.py with real users
-(``CREATE USER`` with a random name, dropped at the end) on the machine's MariaDB. The printed
-GRANTs are enough to run, column by column; a read-only auditor inventories and gates with the
-owner's answer and cannot run; a user lacking a grant gets one line naming it, and nothing is
-written. (The ctid / xmin test is PostgreSQL's alone: MySQL has no row versions.)
+(``CREATE USER`` with a random name, dropped at the end) on the machine's MariaDB: a read-only
+auditor inventories and gates with the owner's answer and cannot run; a user lacking a grant gets
+one line naming it, and nothing is written. (The ctid / xmin test is PostgreSQL's alone: MySQL has
+no row versions. That the printed GRANTs are enough to run, column by column and nothing wider, is
+mysql_contract/test_cli_on_mariadb's grants test, which runs the rotation as a user holding exactly
+them: its twin here repeated it.)
 
 The Pin profile's MySQL schema (tests/mysql_contract/pin_data.py), its values made by the tests' own
 AES-GCM code; TEST keys only, under random key versions.
@@ -91,12 +93,6 @@ def roles_db(mariadb: MariaDbServer, database: str, tmp: Path, rows: int) -> Ite
         yield db
     finally:
         db.drop_roles()
-
-
-def test_the_printed_grants_are_enough_to_run_and_name_only_the_configured_columns_on_mariadb(
-        mariadb: MariaDbServer, mysql_database: str, tmp_path: Path, prefect_api: str) -> None:
-    with roles_db(mariadb, mysql_database, tmp_path, 30) as db:
-        privileges.assert_the_printed_grants_are_enough_to_run(db, prefect_api)
 
 
 @pytest.mark.server_wide  # the two gates sweep every database of the server: both must see the same one
