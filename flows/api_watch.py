@@ -293,15 +293,17 @@ def stop_at_once(flow_run_id: str | None) -> None:
         marker = threading.Thread(target=contextvars.copy_context().run, args=(_mark_cancelled, flow_run_id),
                                   name="cancelled-at-once", daemon=True)
         marker.start()
-        marker.join(timeout=4.0)
+        marker.join(timeout=_MARK_S + 1.0)
     if STOP_SIGNALS.at_once is not None:
         STOP_SIGNALS.at_once()
     raise KeyboardInterrupt
 
 
 AT_ONCE_MESSAGE = "stopped at once by a second Ctrl-C; the open batch rolled back"
-_MARK_READS = 4  # reads of the open task runs, at most (the last read that finds none ends them)
+_MARK_S = 4.0  # the mark's reads end by then (a second Ctrl-C waits a second more at most)
+_MARK_EVENTS_S = 2.0  # sending this process's own events first
 _MARK_PAUSE_S = 0.25
+_MARK_EMPTY_READS = 2  # consecutive reads that find no open task run end the mark early
 
 
 def _mark_cancelled(flow_run_id: str) -> None:
@@ -312,8 +314,9 @@ def _mark_cancelled(flow_run_id: str) -> None:
     A task run's states reach the API as events, recorded by the server after they arrive: a drain
     that started just before the second Ctrl-C may not be listed yet, and its Running would be
     recorded after this mark (seen in CI: one drain left Running). So this process's events are
-    sent first (``EventsWorker.drain_all``), and the open task runs are read again until a read
-    finds none or the mark's time is up."""
+    sent first (``EventsWorker.drain_all``, given up to two seconds: on a loaded machine one second
+    was not always enough, and the Running sent after the mark won), and the open task runs are
+    read again until two reads in a row find none, or the mark's time is up."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterId,
@@ -329,15 +332,18 @@ def _mark_cancelled(flow_run_id: str) -> None:
                    StateType.CANCELLING]
     with contextlib.suppress(*API_ERRORS), \
             bounded_settings(0, 2.0), own_client() as client:
+        deadline = time.monotonic() + _MARK_S
         client.set_flow_run_state(UUID(flow_run_id), Cancelled(message=AT_ONCE_MESSAGE), force=True)
-        EventsWorker.drain_all(timeout=1.0)
-        for attempt in range(_MARK_READS):
+        EventsWorker.drain_all(timeout=_MARK_EVENTS_S)
+        empty = 0
+        while True:
             task_runs = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
                 task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))))
             for task_run in task_runs:
                 client.set_task_run_state(task_run.id, Cancelled(message=AT_ONCE_MESSAGE), force=True)
-            if not task_runs and attempt > 0:
+            empty = 0 if task_runs else empty + 1
+            if empty >= _MARK_EMPTY_READS or time.monotonic() >= deadline:
                 break
             time.sleep(_MARK_PAUSE_S)  # the server records the events sent above
 
