@@ -100,10 +100,12 @@ def _target_inventory(conn: MySqlConnection, t: TargetSettings, settings: Settin
     return inv
 
 
-def _stream(conn: MySqlConnection, statement: str) -> Iterator[tuple[Any, ...]]:
+def stream(conn: MySqlConnection, statement: str, params: Sequence[Any] = ()) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``statement`` in one unbuffered pass (PyMySQL's ``SSCursor``), ``FETCH_ROWS`` at a
+    time; always run with a parameter tuple, so the quoted names' ``%%`` become ``%``."""
     cursor = conn.cursor(SSCursor)
     try:
-        cursor.execute(statement, ())  # (): the quoted names' %% become %
+        cursor.execute(statement, tuple(params))
         while rows := cursor.fetchmany(FETCH_ROWS):
             yield from rows
     finally:
@@ -129,7 +131,7 @@ def inventory_target(conn: MySqlConnection, scheme: Scheme, *, deep: bool = Fals
     inv.extra.update(dict.fromkeys(facts, 0))
     holds = [f"({condition}) IS TRUE" for condition in facts.values()]
     n_facts = len(holds)
-    for row in _stream(conn, f"SELECT {', '.join([rule, *holds, *scheme.read_list(ops, ALIAS)])} FROM {rel}"):
+    for row in stream(conn, f"SELECT {', '.join([rule, *holds, *scheme.read_list(ops, ALIAS)])} FROM {rel}"):
         excluded_by, values = row[0], row[1 + n_facts:]
         if excluded_by is None:
             for fact, held in zip(facts, row[1:1 + n_facts]):

@@ -16,7 +16,6 @@ from typing import Any
 
 import pymysql
 import sqlalchemy as sa
-from pymysql.cursors import SSCursor
 
 from ...config import TargetSettings
 from ...drain.counting import CountsStaleValues
@@ -28,7 +27,7 @@ from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
 from ...schemes.base import Scheme
 from ...scope_text import scope_condition
-from .inventory import FETCH_ROWS
+from .inventory import stream
 
 ALIAS = "t"
 
@@ -91,13 +90,7 @@ def stale_rows(conn: MySqlConnection, scheme: Scheme, id_range: tuple[Any, Any])
     in_range = " AND ".join(f"({c})" for c in conds) or "TRUE"
     statement = (f"SELECT {idcol}, ({in_range}), {', '.join(scheme.read_list(ops, ALIAS))}"
                  f" FROM {ops.relation(t.schema_name, t.table_name, ALIAS)} WHERE {stale_where(scheme, None)}")
-    cursor = conn.cursor(SSCursor)
-    try:
-        cursor.execute(statement, tuple(params))
-        while rows := cursor.fetchmany(FETCH_ROWS):
-            yield from rows
-    finally:
-        cursor.close()
+    yield from stream(conn, statement, params)
 
 
 def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
@@ -112,16 +105,10 @@ def _backlog_rows(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
             raise TypeError(f"scheme {scheme.name} counts values but cannot count a row's stale values")
         values = scheme
     statement, params = select_batch(scheme, tenant, *id_range, None, None if values is not None else ())
-    cursor = conn.cursor(SSCursor)
-    try:
-        cursor.execute(statement, params)
-        while rows := cursor.fetchmany(FETCH_ROWS):
-            for row in rows:
-                n = 1 if values is None else values.stale_values(row[1:])
-                if n:
-                    yield row[0], n
-    finally:
-        cursor.close()
+    for row in stream(conn, statement, params):
+        n = 1 if values is None else values.stale_values(row[1:])
+        if n:
+            yield row[0], n
 
 
 def count_backlog(conn: MySqlConnection, scheme: Scheme, tenant: str | None, id_range: tuple[Any, Any]) -> int:
