@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -122,7 +122,10 @@ def pinrotate_home() -> Path:
 #     ``@pytest.mark.server_wide``: it then runs while no other test of this run (any worker) uses
 #     the shared servers its parameters name (see ``shared_server_lock``). A share of a shared
 #     server is taken by ``_shared_server_share`` for every test parametrised on one: a new
-#     fixture of a shared server names its parameter in ``SHARED_SERVER_PARAMS``.
+#     fixture of a shared server names its parameter in ``SHARED_SERVER_PARAMS``. On MariaDB a
+#     ``server_wide`` test holds nothing shared: ``mariadb`` is then ``worker_mariadb``, a mariadbd
+#     of the worker's own (it starts in under a second; holding the shared one alone kept every
+#     other worker's MariaDB test waiting).
 #  4. An expensive module-scoped fixture is made once per worker that runs one of the module's
 #     tests: mark the module ``pytestmark = pytest.mark.xdist_group("<module>")`` so that all its
 #     tests run on one worker (and it is made once). Streaming replicas (tests/pg_replica.py)
@@ -421,7 +424,7 @@ def make_role(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[Calla
 # imported here so that every test module gets the fixtures.
 # ---------------------------------------------------------------------------------------------
 
-from tests.mariadb_server import MariaDbServer, mariadb_server
+from tests.mariadb_server import MariaDbServer, mariadb_server, start_own_server
 from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: F401
 
 if TYPE_CHECKING:
@@ -480,22 +483,45 @@ def log_lines() -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def mariadb() -> Iterator[MariaDbServer]:
+def shared_mariadb() -> Iterator[MariaDbServer]:
+    """The MariaDB every worker shares: the machine's on 127.0.0.1:3306 when it answers."""
     server = mariadb_server()
     yield server
     server.stop()  # drops what this session created; stops the server only if it is ours
+
+
+@pytest.fixture(scope="session")
+def worker_mariadb() -> Iterator[MariaDbServer]:
+    """A ``mariadbd`` of this worker's own (tests/mariadb_server.py ``start_own_server``, under a
+    second), started when a ``server_wide`` MariaDB test first asks for it: a worker runs one test
+    at a time, so the test has the whole server to itself, and no other worker waits meanwhile."""
+    server = start_own_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mariadb(request: pytest.FixtureRequest) -> MariaDbServer:
+    """The test's MariaDB: the shared one, or, for a ``server_wide`` test (a MySQL gate sweeps every
+    database of the server and waits for every transaction in flight on it), this worker's own.
+
+    It used to hold the shared server alone instead: every other worker's MariaDB test then waited
+    for it (up to 56 s each, minutes of the suite's time in all)."""
+    if request.node.get_closest_marker("server_wide") is not None:
+        return cast(MariaDbServer, request.getfixturevalue("worker_mariadb"))
+    return cast(MariaDbServer, request.getfixturevalue("shared_mariadb"))
 
 
 @pytest.fixture
 def mysql_database(mariadb: MariaDbServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """The name of a fresh, empty database on the test MariaDB (``mariadb.url(name)`` is its URL).
 
-    Holds a share of the server (``shared_server_lock``): a ``server_wide`` test (a MySQL gate
-    sweeps every database of the server and waits for every transaction in flight on it) holds it
-    alone, so that no other test's database is created, written or dropped while it reads."""
-    exclusive = request.node.get_closest_marker("server_wide") is not None
-    with shared_server_lock(f"mysql://{mariadb.host}:{mariadb.port}", exclusive=exclusive), \
-            mariadb.fresh_database() as name:
+    Holds a share of the shared server (``shared_server_lock``), so that a test holding it alone
+    (the README's walkthrough, which names 127.0.0.1:3306) sees no other test's database."""
+    with contextlib.ExitStack() as held:
+        if request.node.get_closest_marker("server_wide") is None:  # else worker_mariadb: its own
+            held.enter_context(shared_server_lock(f"mysql://{mariadb.host}:{mariadb.port}", exclusive=False))
+        name = held.enter_context(mariadb.fresh_database())
         yield name
 
 

@@ -1,10 +1,10 @@
-"""Say what was decided for what, on MariaDB (issues 32, 33): test_decided_for's assertions on the
-machine's MariaDB. One run id everywhere (the report, the log lines, the key checks recorded in the
+"""Say what was decided for what, on MariaDB (issues 32, 33): test_decided_for's assertions on a
+MariaDB. One run id everywhere (the report, the log lines, the key checks recorded in the
 server's ``pinrotate`` database for this database); the gate names the database, the server's own
 identifier (MariaDB's ``@@server_uid``) and the keyring it decided for, in its text and its JSON.
 
 The gate must open here, and a MySQL gate reads the whole server (its sweep, the transactions in
-flight): the test holds the shared server alone (``server_wide``). The Pin profile's MySQL schema,
+flight): the test is ``server_wide``, on a mariadbd of its worker's own (tests/conftest.py). The Pin profile's MySQL schema,
 TEST keys only (tests/mysql_contract/pin_data.py).
 """
 

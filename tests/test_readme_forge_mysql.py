@@ -6,7 +6,9 @@ The block after ``<!-- walkthrough: forge-mysql -->`` is handed to bash unchange
 its own that has the checkout's ``examples`` and ``.venv``, with a fresh ``HOME`` (the sample
 bootstrap file is this test's own) and nothing of the shell's pinrotate, Forge or Prefect settings.
 It names the machine's MariaDB (127.0.0.1:3306) and its database ``forge_demo``, dropped before
-and after. Its gate sweeps the whole server: the test holds the server alone (``server_wide``).
+and after. Its gate sweeps the whole server: the test holds the shared server alone
+(``shared_server_lock``, exclusive), rather than being ``server_wide``, which would run it on a
+mariadbd of the worker's own, not on 127.0.0.1:3306.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def _drop(server: MariaDbServer) -> None:
 
 
 @pytest.mark.mysql
-@pytest.mark.server_wide
-def test_the_readme_forge_mysql_path_runs_as_written_and_ends_with_an_open_legacy_gate(mariadb: MariaDbServer) -> None:
+def test_the_readme_forge_mysql_path_runs_as_written_and_ends_with_an_open_legacy_gate(
+        shared_mariadb: MariaDbServer) -> None:
+    mariadb = shared_mariadb
     if (mariadb.host, mariadb.port) != ("127.0.0.1", 3306) or shutil.which("mysql") is None:
         pytest.skip("the README's block names the machine's MariaDB on 127.0.0.1:3306 and its mysql client")
     assert (REPO / ".venv" / "bin" / "python").exists(), "the block runs .venv/bin/python: install as the README says"
