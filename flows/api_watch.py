@@ -235,6 +235,9 @@ class _StopSignals:
     def __init__(self) -> None:
         self.first: int | None = None
         self.at_once: Callable[[], None] | None = None
+        # Set by the flow while its drains are submitted: keeps the shards not started yet from
+        # starting (a task that starts after the second Ctrl-C's mark would stay Running in Prefect).
+        self.hold_back: Callable[[], None] | None = None
 
     def interrupted(self) -> bool:
         """Was the first stop a Ctrl-C (exit 130 rather than 143)?"""
@@ -290,7 +293,7 @@ def stop_at_once(flow_run_id: str | None) -> None:
     """A second Ctrl-C: record the flow run Cancelled if the API answers within a few seconds,
     then end the process (the CLI's ``at_once``), or raise KeyboardInterrupt where there is none."""
     if flow_run_id is not None:
-        marker = threading.Thread(target=contextvars.copy_context().run, args=(_mark_cancelled, flow_run_id),
+        marker = threading.Thread(target=contextvars.copy_context().run, args=(_hold_back_and_mark, flow_run_id),
                                   name="cancelled-at-once", daemon=True)
         marker.start()
         marker.join(timeout=_MARK_S + 1.0)
@@ -304,6 +307,17 @@ _MARK_S = 4.0  # the mark's reads end by then (a second Ctrl-C waits a second mo
 _MARK_EVENTS_S = 2.0  # sending this process's own events first
 _MARK_PAUSE_S = 0.25
 _MARK_EMPTY_READS = 2  # consecutive reads that find no open task run end the mark early
+
+
+def _hold_back_and_mark(flow_run_id: str) -> None:
+    """First no shard starts any more (``STOP_SIGNALS.hold_back``; off the signal handler, which may
+    have interrupted the main thread inside a future's lock), then the mark (``_mark_cancelled``)."""
+    if STOP_SIGNALS.hold_back is not None:
+        try:
+            STOP_SIGNALS.hold_back()
+        except Exception as e:  # noqa: BLE001 - the process ends at once either way; the mark still runs
+            log_event("hold_back_failed", level=logging.WARNING, run_id=flow_run_id, error=type(e).__name__)
+    _mark_cancelled(flow_run_id)
 
 
 def _mark_cancelled(flow_run_id: str) -> None:

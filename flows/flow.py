@@ -8,6 +8,7 @@ artifact.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
@@ -159,6 +160,15 @@ class ShardDrains:
                       "exact": s.exact}
             self.pending[runner.submit(drain_shard, params)] = s
 
+    def hold_back(self) -> None:
+        """A second Ctrl-C: the shards still queued on the threads never start (their futures are
+        cancelled before a task run of theirs exists); the drains running end with the process. A
+        Dask shard's worker process gets the Ctrl-C itself (the terminal signals the whole group)."""
+        for future in list(self.pending):
+            wrapped = getattr(future, "wrapped_future", None)
+            if isinstance(wrapped, concurrent.futures.Future):
+                wrapped.cancel()  # False once it has started: nothing to hold back then
+
     def collect(self, stop: threading.Event) -> None:
         """Until every submitted shard has reported."""
         for future in as_completed(list(self.pending)):
@@ -292,8 +302,12 @@ def _rotate(ctx: rotation.RunContext, spec: RunSpec, stop: threading.Event, api:
 
             with batch_progress(spec.run_id, on_batch), lines_from_workers(runner, spec.run_id), \
                     operator_watch(progress, settings.job.throttle_variable):
-                drains.submit(runner, stop)
-                drains.collect(stop)
+                STOP_SIGNALS.hold_back = drains.hold_back
+                try:
+                    drains.submit(runner, stop)
+                    drains.collect(stop)
+                finally:
+                    STOP_SIGNALS.hold_back = None
     report = rotation.RunReport(spec.run_id, spec.current_key or "", spec.dry_run)
     report.targets = drains.by_target()
     # Sibling shards only added their CONFLICTs: the run's total replaces them now that all ended.

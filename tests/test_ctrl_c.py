@@ -133,7 +133,8 @@ def test_ctrl_c_with_a_prefect_server_stops_between_batches_reports_exit_130_and
     # Prefect's view of the stop: the stopped shard (and those it never started) Cancelled, not Completed.
     drains = {t.name: t.state for t in task_runs if t.name.startswith("drain-")}
     assert drains["drain-Person-1/1"] is not None and drains["drain-Person-1/1"].is_cancelled(), drains
-    assert all(s is not None and s.is_cancelled() for s in drains.values()), drains
+    not_cancelled = {name: s for name, s in drains.items() if s is None or not s.is_cancelled()}
+    assert not not_cancelled, not_cancelled  # named whole: the repr of all of them was cut
 
 
 def test_ctrl_c_without_prefect_api_url_keeps_the_temporary_server_until_the_report_is_printed(
@@ -191,7 +192,8 @@ def test_after_a_second_ctrl_c_prefect_shows_the_flow_run_and_its_drains_cancell
     assert state is not None and state.is_cancelled(), state
     drains = {t.name: t.state for t in task_runs if t.name.startswith("drain-")}
     assert drains, task_runs
-    assert all(s is not None and s.is_cancelled() for s in drains.values()), drains
+    not_cancelled = {name: s for name, s in drains.items() if s is None or not s.is_cancelled()}
+    assert not not_cancelled, not_cancelled  # named whole: the repr of all of them was cut
     # Nothing of the run is left Running (or Pending) in Prefect's view.
     assert all(t.state is not None and t.state.is_final() for t in task_runs), {t.name: t.state for t in task_runs}
     print(f"stopped {seconds:.1f} s after the second Ctrl-C")
