@@ -192,7 +192,10 @@ def _shared_server_share(request: pytest.FixtureRequest) -> Iterator[None]:
     with contextlib.ExitStack() as held:
         for key in keys:  # sorted: two tests never wait on each other's second server
             held.enter_context(shared_server_lock(key, exclusive=exclusive))
+        pg = cast(PgServer, request.getfixturevalue("pg_server")) if "pg_server" in params else None
         yield
+        if pg is not None:
+            pg.settle_ahead()  # still holding the share
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,8 +244,10 @@ class PgServer:
             self._created.append(dbname)
         return database_url_for(self.admin_url, dbname)
 
-    def create_database(self) -> str:
-        """A fresh empty database; a libpq URL to it. Dropped by ``drop_database`` or at session end."""
+    def create_database(self, *, then_ahead: bool = True) -> str:
+        """A fresh empty database; a libpq URL to it. Dropped by ``drop_database`` or at session end.
+        ``then_ahead=False``: the next one is not created while the caller's test runs (a
+        ``server_wide`` test, whose gate would see the CREATE DATABASE in flight)."""
         if not self.ahead:
             return self._create_now()
         if self._creator is None:
@@ -254,8 +259,18 @@ class PgServer:
                 url = ready.result()
         if url is None:
             url = self._create_now()
-        self._next = self._creator.submit(self._create_now)
+        if then_ahead:
+            self._next = self._creator.submit(self._create_now)
         return url
+
+    def settle_ahead(self) -> None:
+        """Waits for the database being created ahead, if any: the test's share of the server ends
+        only once its CREATE DATABASE has (a ``server_wide`` test of another worker would see it in
+        flight, and its gate look again: seen in a full run, ``waited_for == 1``)."""
+        pending = self._next
+        if pending is not None:
+            with contextlib.suppress(Exception):  # a failed creation ahead is retried on demand
+                pending.result()
 
     def stop_creating_ahead(self) -> None:
         """No more databases ahead; waits for the one being created (it is dropped with the others)."""
@@ -266,9 +281,9 @@ class PgServer:
         self._next = None
 
     @contextlib.contextmanager
-    def fresh_database(self) -> Iterator[str]:
+    def fresh_database(self, *, then_ahead: bool = True) -> Iterator[str]:
         """A fresh empty database for the duration of the block, dropped (WITH (FORCE)) afterwards."""
-        url = self.create_database()
+        url = self.create_database(then_ahead=then_ahead)
         try:
             yield url
         finally:
@@ -376,9 +391,10 @@ def pg_server(request: pytest.FixtureRequest, _pg_registry: _PgRegistry) -> PgSe
 
 
 @pytest.fixture
-def database_url(pg_server: PgServer) -> Iterator[str]:
+def database_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh empty database on the server under test, dropped (WITH (FORCE)) afterwards."""
-    with pg_server.fresh_database() as url:
+    server_wide = request.node.get_closest_marker("server_wide") is not None
+    with pg_server.fresh_database(then_ahead=not server_wide) as url:
         yield url
 
 
