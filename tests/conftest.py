@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -65,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # CI): no server outlives a test. tests/test_adhoc_server.py sets the shared one up itself.
     _SAVED_ENV.setdefault("PINROTATE_PREFECT_SERVER", None)
     os.environ["PINROTATE_PREFECT_SERVER"] = "temporary"
+    _start_shared_prefect_api(config)
 
 
 def _stop_shared_prefect_server(home: Path) -> None:
@@ -82,6 +83,7 @@ def _stop_shared_prefect_server(home: Path) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _stop_shared_prefect_api()
     if _SESSION_HOME is not None:
         _stop_shared_prefect_server(_SESSION_HOME)
     for name, value in _SAVED_ENV.items():
@@ -565,20 +567,24 @@ def my_conn(mysql_engine: sa.Engine) -> Iterator[MySqlConnection]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """One Prefect test server for the session (SQLite in a temporary folder), started on first use.
+# One Prefect test server for the whole run: under xdist the controller starts it (in a thread of
+# its own, while the workers start) and every worker's ``prefect_api`` talks to it. A server per
+# worker cost about 30 s of CPU each (its start, and about a second a minute idle): six of them,
+# over a tenth of the suite's CPU, on a run bound by CPU. Tests never read another test's runs:
+# they find theirs by their own configuration path, run id or Variable name.
+_SHARED_PREFECT_FILE = "PINROTATE_TEST_SHARED_PREFECT_API_FILE"  # where the controller writes the URL
+_SHARED_PREFECT: dict[str, Any] = {}
 
-    Flows in this process run against it through ``prefect_test_harness``; CLI subprocesses get its
-    URL in ``PREFECT_API_URL`` so that they don't each start a temporary server of their own.
-    """
+
+@contextlib.contextmanager
+def _harness_server() -> Iterator[str]:
+    """``prefect_test_harness``'s server (SQLite in a temporary folder), its URL; the folder gets a
+    database migrated already (tests/prefect_home.py), saving the server ~7 s of CPU."""
     import prefect.testing.utilities as harness
     from prefect.settings import PREFECT_API_URL
 
     from tests.prefect_home import migrated_prefect_home
 
-    # The harness puts its SQLite file (prefect-test.db) in a folder of mkdtemp's: that folder gets
-    # a database migrated already (tests/prefect_home.py), saving each worker's server ~7 s of CPU.
     made = harness.mkdtemp
 
     def migrated_folder() -> str:
@@ -594,4 +600,85 @@ def prefect_api() -> Iterator[str]:
             yield str(url)
     finally:
         harness.mkdtemp = made
+
+
+def _start_shared_prefect_api(config: pytest.Config) -> None:
+    """The xdist controller (not a worker, not ``-n 0``): the run's one Prefect server, started in
+    a thread; the workers find its URL in the file named by ``_SHARED_PREFECT_FILE``."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) \
+            or _SHARED_PREFECT_FILE in os.environ:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="pinrotate-prefect-api-"))
+    stop = threading.Event()
+
+    def serve() -> None:
+        from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+
+        try:
+            # No telemetry: the machine has no network, and its failures would reach the run's console.
+            with temporary_settings(updates={PREFECT_SERVER_ANALYTICS_ENABLED: False}), _harness_server() as url:
+                (folder / "url.tmp").write_text(url)
+                os.replace(folder / "url.tmp", folder / "url")
+                stop.wait()
+        except Exception as e:  # noqa: BLE001 - the workers then start servers of their own
+            (folder / "url.tmp").write_text(f"error: {type(e).__name__}: {e}")
+            os.replace(folder / "url.tmp", folder / "url")
+
+    thread = threading.Thread(target=serve, name="shared-prefect-api", daemon=True)
+    thread.start()
+    _SHARED_PREFECT.update(thread=thread, stop=stop, folder=folder)
+    _SAVED_ENV.setdefault(_SHARED_PREFECT_FILE, None)
+    os.environ[_SHARED_PREFECT_FILE] = str(folder / "url")
+
+
+def _stop_shared_prefect_api() -> None:
+    if not _SHARED_PREFECT:
+        return
+    _SHARED_PREFECT["stop"].set()
+    _SHARED_PREFECT["thread"].join(timeout=60)
+    shutil.rmtree(_SHARED_PREFECT["folder"], ignore_errors=True)
+    _SHARED_PREFECT.clear()
+
+
+def _shared_prefect_url() -> str | None:
+    """The controller's server, once it answers; None without one (``-n 0``) or when it failed."""
+    where = os.environ.get(_SHARED_PREFECT_FILE)
+    if not where:
+        return None
+    deadline = time.monotonic() + 240
+    while not Path(where).exists():
+        assert time.monotonic() < deadline, "the run's shared Prefect server did not start within 240 s"
+        time.sleep(0.1)
+    text = Path(where).read_text()
+    return None if text.startswith("error:") else text
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """The run's Prefect test server (see ``_SHARED_PREFECT_FILE``), or, with ``-n 0``, one of this
+    session's own (SQLite in a temporary folder), started on first use.
+
+    Flows in this process run against it (the harness's settings: ``PREFECT_API_URL``, also as the
+    process-global settings context); CLI subprocesses get its URL in ``PREFECT_API_URL`` so that
+    they don't each start a temporary server of their own.
+    """
+    url = _shared_prefect_url()
+    if url is None:
+        with _harness_server() as own:
+            yield own
+        return
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}), \
+            prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+        try:
+            yield url
+        finally:
+            # What this worker's flows logged and emitted reaches the server before the worker ends.
+            with contextlib.suppress(RuntimeError):
+                APILogWorker.drain_all()
+            EventsWorker.drain_all()
 

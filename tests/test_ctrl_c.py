@@ -20,6 +20,7 @@ import pytest
 
 from tests.pinprofile import REPO, PinProfile, seed_profile
 from tests.prefect_home import migrated_prefect_home
+from tests.prefect_reads import recorded_task_runs
 from tests.test_flow import rows_consistent
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals")
@@ -113,7 +114,6 @@ def assert_stopped_whole(profile: PinProfile, moved: int) -> None:
 def test_ctrl_c_with_a_prefect_server_stops_between_batches_reports_exit_130_and_the_flow_run_is_cancelled(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
     proc = start_run(profile, {**os.environ, "PREFECT_API_URL": prefect_api}, "--json")
@@ -128,8 +128,8 @@ def test_ctrl_c_with_a_prefect_server_stops_between_batches_reports_exit_130_and
     print(f"stopped {seconds:.1f} s after Ctrl-C")
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(doc["run_id"]).state
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[doc["run_id"]])))
     assert state is not None and state.is_cancelled(), state
+    task_runs = recorded_task_runs(doc["run_id"])
     # Prefect's view of the stop: the stopped shard (and those it never started) Cancelled, not Completed.
     drains = {t.name: t.state for t in task_runs if t.name.startswith("drain-")}
     assert drains["drain-Person-1/1"] is not None and drains["drain-Person-1/1"].is_cancelled(), drains
@@ -169,7 +169,6 @@ def test_a_second_ctrl_c_stops_at_once_and_loses_nothing_committed(primary_datab
 def test_after_a_second_ctrl_c_prefect_shows_the_flow_run_and_its_drains_cancelled_not_running(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import FlowRunSort
 
     profile = seed_profile(primary_database_url, tmp_path, rows=ROWS, **SLOW)
@@ -188,8 +187,8 @@ def test_after_a_second_ctrl_c_prefect_shows_the_flow_run_and_its_drains_cancell
         runs = [r for r in recent if r.parameters.get("config_path") == str(profile.config_path)]
         assert len(runs) == 1, runs
         state = runs[0].state
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
     assert state is not None and state.is_cancelled(), state
+    task_runs = recorded_task_runs(runs[0].id)
     drains = {t.name: t.state for t in task_runs if t.name.startswith("drain-")}
     assert drains, task_runs
     not_cancelled = {name: s for name, s in drains.items() if s is None or not s.is_cancelled()}

@@ -16,6 +16,7 @@ import pytest
 
 from pinrotate_core.schemes.aesgcm import AesGcmCipherSet
 from tests.pinprofile import REPO, PinProfile, cli, seed_profile, write_config
+from tests.prefect_reads import recorded_task_runs
 
 CONTRACT_TARGET_KEYS = {"reencrypted", "failed", "conflicts", "backlog_remaining", "batches", "duration_ms"}
 
@@ -91,8 +92,6 @@ def test_flow_run_drains_every_target_and_publishes_artifacts(prefect_api: str, 
 
 def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_configured_in(
         prefect_api: str, primary_database_url: str, tmp_path: Path) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.rotate import pinrotate_rotate
 
@@ -106,8 +105,7 @@ def test_shards_start_largest_backlog_first_whatever_order_the_targets_are_confi
     assert list(report["targets"]) == ["VerificationRequest", "RequisiteTemplate", "PersonDocument", "Person"]
     backlog = {name: t["reencrypted"] + t["failed"] + t["backlog_remaining"]
                for name, t in report["targets"].items()}
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[report["run_id"]])))
+    runs = recorded_task_runs(report["run_id"])
     drains = sorted((r for r in runs if r.name.startswith("drain-")),
                     key=lambda r: r.start_time or r.expected_start_time)
     started = [r.name.split("-")[1] for r in drains]

@@ -16,6 +16,7 @@ import pytest
 from pinrotate_core.keyring import Key, Keyring
 from pinrotate_core.samples import pin_profile as presets
 from tests.pinprofile import write_config
+from tests.prefect_reads import recorded_task_runs
 from tests.vault_server import BaoAdmin
 
 pytestmark = pytest.mark.vault
@@ -53,13 +54,7 @@ def _seed(url: str, server: Any, path: str) -> dict[str, str]:
 
 
 def _task_runs(flow_run_id: str, name: str) -> list[Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
-
-    with get_client(sync_client=True) as client:
-        return client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+    return recorded_task_runs(flow_run_id, name_like=name)
 
 
 def test_a_vault_outage_at_the_start_is_retried_with_backoff_and_the_run_completes(

@@ -31,6 +31,7 @@ from tests.mariadb_server import MariaDbServer
 from tests.mysql_contract.codecs import forge_fpc1
 from tests.mysql_contract.forge_data import ForgeInstall, install_forge
 from tests.mysql_contract.support import connect, forge_bootstrap, one_line_error, query, rotate
+from tests.prefect_reads import recorded_task_runs
 
 pytestmark = pytest.mark.mysql
 
@@ -376,12 +377,8 @@ def test_a_sharded_fpc1_run_through_the_flow_records_its_conflicts_once_replacin
     creds = report["targets"]["Creds"]
     assert (creds["reencrypted"], creds["conflicts"], creds["backlog_remaining"]) == (SHARDED_ROWS - 2, 2, 0), creds
     assert outcome.exit_code == 4  # a CONFLICT is fail-closed
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:
-        names = {t.name for t in
-                 client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))}
+    names = {t.name for t in recorded_task_runs(run_id)}
     assert {"drain-Creds-1/2", "drain-Creds-2/2"} <= names, names  # it was sharded
     # The run's total, recorded once both shards ended: the earlier run's 5 replaced, nothing doubled.
     assert bookkeeping(mariadb, "conflicts", mysql_database) == [("Creds", "a", 2)]

@@ -24,6 +24,7 @@ from pinrotate_core import rotation
 from pinrotate_core.config import load_settings
 from pinrotate_core.drain import STOP_THROTTLE_CRITICAL
 from tests.mariadb_server import MariaDbServer
+from tests.prefect_reads import recorded_task_runs
 
 from .codecs import forge_fpc1
 from .pin_data import PinInstall, install_pin
@@ -33,12 +34,8 @@ pytestmark = pytest.mark.mysql
 
 
 def task_runs(run_id: str) -> dict[str, Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    return {t.name: t.state for t in runs}
+    return {t.name: t.state for t in recorded_task_runs(run_id)}
 
 
 def flow_run_state(run_id: str) -> Any:
