@@ -34,6 +34,18 @@ def _until(done: Callable[[], bool]) -> None:
         time.sleep(0.02)
 
 
+def _assert_first_connection_unavailable(engine: sa.Engine,
+                                         raw_connection: Callable[[sa.Engine], contextlib.AbstractContextManager[Any]]) -> None:
+    """The room's ``raw_connection`` on ``engine`` (whose first connection is lost) raises
+    DatabaseUnavailable with one retryable line; the engine is disposed either way."""
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught, raw_connection(engine):
+            pass
+        _assert_one_retryable_line(caught.value)
+    finally:
+        engine.dispose()
+
+
 def _assert_one_retryable_line(error: DatabaseUnavailable) -> None:
     assert error.retryable and "\n" not in str(error) and "cannot connect" in str(error), str(error)
 
@@ -50,12 +62,7 @@ def test_postgresql_a_session_ended_before_sqlalchemys_first_statement(primary_d
                                              (conn.info.backend_pid,)).fetchall())
         return conn
 
-    try:
-        with pytest.raises(DatabaseUnavailable) as caught, pg_connect.raw_connection(engine):
-            pass
-        _assert_one_retryable_line(caught.value)
-    finally:
-        engine.dispose()
+    _assert_first_connection_unavailable(engine, pg_connect.raw_connection)
 
 
 @pytest.mark.mysql
@@ -76,9 +83,4 @@ def test_mariadb_a_session_killed_before_sqlalchemys_first_statement(mariadb: Ma
             _until(gone)
         return conn
 
-    try:
-        with pytest.raises(DatabaseUnavailable) as caught, mysql_connect.raw_connection(engine):
-            pass
-        _assert_one_retryable_line(caught.value)
-    finally:
-        engine.dispose()
+    _assert_first_connection_unavailable(engine, mysql_connect.raw_connection)
