@@ -141,6 +141,25 @@ def test_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(
     assert_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(pg_world, monkeypatch)
 
 
+def assert_a_target_locked_by_ddl_past_the_lock_timeout_is_blocked_named(
+        world: MomentWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target held by DDL (an ALTER copying it, an ACCESS EXCLUSIVE / ``LOCK TABLES ... WRITE``) past
+    the gate's bounded wait: the gate decides without it, closed, the target BLOCKED and named (exit 3
+    with what to do), never a gate that waits for the DDL nor one that stops without a verdict."""
+    _, settings = rotated(world)
+    with world.locked_by_ddl("people", monkeypatch):
+        report = retire_gate(settings, "1")
+    assert not report.open and report.blocking["BLOCKED"] == 1
+    reason = report.targets["People"]["blocked_reason"]
+    assert "locked by DDL past" in reason and reason.endswith("run the gate again"), reason
+    assert retire_gate(settings, "1").open  # the DDL gone, the same look opens
+
+
+def test_a_target_locked_by_ddl_past_the_lock_timeout_is_blocked_named(
+        pg_world: PgMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_a_target_locked_by_ddl_past_the_lock_timeout_is_blocked_named(pg_world, monkeypatch)
+
+
 # -- every value, every encoding, every container -------------------------------------------------------
 
 

@@ -156,5 +156,10 @@ def test_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked_on_mar
     moment.assert_a_target_renamed_away_and_replaced_after_the_snapshot_is_blocked(world, monkeypatch)
 
 
+def test_a_target_locked_by_ddl_past_the_lock_wait_is_blocked_named_on_mariadb(
+        world: MariaDbMoment, monkeypatch: pytest.MonkeyPatch) -> None:
+    moment.assert_a_target_locked_by_ddl_past_the_lock_timeout_is_blocked_named(world, monkeypatch)
+
+
 def test_the_runs_gate_section_is_the_deep_verdict_of_gate_retire_on_mariadb(world: MariaDbMoment) -> None:
     moment.assert_the_runs_gate_section_is_the_deep_verdict_of_gate_retire(world)

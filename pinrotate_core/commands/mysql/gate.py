@@ -70,7 +70,7 @@ def _look_keys(conn: MySqlConnection, settings: Settings, keyring: Keyring, keys
         time.sleep(INNODB_TRX_CACHE_S)  # INNODB_TRX is a cache: let it catch up with the snapshot's moment
         in_flight = GATE_CHECKS.in_flight(conn)
         prepared = GATE_CHECKS.prepared(conn)
-        inv = inventory_on_mysql(conn, settings, keyring, deep=deep, provider=provider)
+        inv = inventory_on_mysql(conn, settings, keyring, deep=deep, provider=provider, gate=True)
         for name, n in (failed or {}).items():
             if name in inv.targets:
                 inv.targets[name].counts["FAILED"] = max(inv.targets[name].counts["FAILED"], n)

@@ -26,7 +26,8 @@ from pymysql.cursors import SSCursor
 
 from ...config import Settings, TargetSettings
 from ...engines.mysql import connect as mysql_connect
-from ...engines.mysql.connect import MySqlConnection
+from ...engines.mysql import gate as mysql_gate
+from ...engines.mysql.connect import LOCK_WAIT_TIMEOUT, MySqlConnection, TableLockedByDdl
 from ...engines.mysql.gate import GATE_CHECKS, changed_since_snapshot
 from ...engines.mysql.operations import OPERATIONS as ops
 from ...errors import DatabaseError
@@ -70,15 +71,27 @@ def take_mysql_inventory(engine: sa.Engine, settings: Settings, keyring: Keyring
 
 def inventory_on_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyring, *, deep: bool = False,
                        tenant: str | None = None, targets: Sequence[TargetSettings] | None = None,
-                       provider: object = None) -> Inventory:
+                       provider: object = None, gate: bool = False) -> Inventory:
+    """The inventory inside ``conn``'s consistent snapshot (``GATE_CHECKS.snapshot``). A target the
+    snapshot cannot read as it was is BLOCKED, named: never read as empty, and the other targets are
+    still counted. ``gate``: the gate's look, where a target held by DDL past the snapshot's metadata
+    lock wait is BLOCKED too (the gate closed, as on PostgreSQL); elsewhere that is a DatabaseError
+    naming the table (exit 4), as every command's statement behind DDL is."""
     chosen = list(settings.targets if targets is None else targets)
     result = Inventory(keyring.current, {}, deep=deep, tenant=tenant)
     for t in chosen:
         try:
             result.targets[t.name] = _target_inventory(conn, t, settings, keyring, deep=deep, tenant=tenant,
                                                        provider=provider)
+        except TableLockedByDdl as e:  # its privileges' check waited for the DDL
+            if not gate:
+                raise
+            result.targets[t.name] = _locked(t, e.cause)
         except pymysql.err.MySQLError as e:
             changed = changed_since_snapshot(e)
+            if gate and changed is None and mysql_connect.error_number(e) == LOCK_WAIT_TIMEOUT:
+                result.targets[t.name] = _locked(t, mysql_connect.describe_db_error(e))
+                continue
             if changed is None:
                 raise DatabaseError(f"inventory of target {t.name} failed ({mysql_connect.describe_db_error(e)})"
                                     ) from None
@@ -86,6 +99,14 @@ def inventory_on_mysql(conn: MySqlConnection, settings: Settings, keyring: Keyri
             result.targets[t.name] = blocked_inventory(t, f"{t.table} is not the one it was at the gate's snapshot: "
                                                           f"{changed}; look again")
     return result
+
+
+def _locked(t: TargetSettings, cause: str) -> TargetInventory:
+    """BLOCKED: the target is held by an ALTER or ``LOCK TABLES ... WRITE`` past the snapshot's
+    metadata lock wait. The statement alone failed; the snapshot goes on with the other targets, as
+    PostgreSQL's lock_timeout does in the gate's look."""
+    return blocked_inventory(t, f"cannot read {t.table} ({cause}): locked by DDL past {mysql_gate.LOCK_WAIT_S} s; "
+                                "run the gate again")
 
 
 def _target_inventory(conn: MySqlConnection, t: TargetSettings, settings: Settings, keyring: Keyring, *,

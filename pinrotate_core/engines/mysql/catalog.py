@@ -16,7 +16,7 @@ import pymysql
 
 from ...errors import DatabaseError
 from ..base.catalog import CatalogColumn, TableCatalog, UpdateTrigger
-from .connect import MySqlConnection, describe_db_error, error_number
+from .connect import LOCK_WAIT_TIMEOUT, MySqlConnection, TableLockedByDdl, describe_db_error, error_number
 from .operations import OPERATIONS as ops
 
 # ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR: a privilege the role lacks.
@@ -119,7 +119,10 @@ def missing_privileges(conn: MySqlConnection, schema: str, table: str, *, select
                 return True
             if error_number(e) == _NO_SUCH_COLUMN:
                 return None
-            raise DatabaseError(f"table {schema}.{table}: cannot check the privileges ({describe_db_error(e)})") from None
+            message = f"table {schema}.{table}: cannot check the privileges ({describe_db_error(e)})"
+            if error_number(e) == LOCK_WAIT_TIMEOUT:  # the EXPLAIN waits for the table's metadata lock too
+                raise TableLockedByDdl(message, f"{schema}.{table}", describe_db_error(e)) from None
+            raise DatabaseError(message) from None
         return False
 
     def reading(cols: Sequence[str]) -> str:

@@ -31,10 +31,22 @@ CONNECT_TIMEOUT_S = 10
 # and a pinrotate statement never stays queued behind DDL, where it would queue the application's
 # statements behind it. Set on every connection pinrotate opens (``init_command``).
 TABLE_LOCK_WAIT_S = 5
+LOCK_WAIT_TIMEOUT = 1205  # the error of a wait for a lock that ran out (a metadata lock held by DDL, too)
 PROGRAM_NAME = "pinrotate"  # performance_schema.session_connect_attrs: how our sessions are told apart
 
 # Refusals that trying again cannot cure: access denied (1044, 1045, 1227, 1698), unknown database (1049).
 _PERMANENT_ERRNOS = frozenset({1044, 1045, 1049, 1227, 1698})
+
+
+class TableLockedByDdl(DatabaseError):
+    """A statement on ``table`` waited for its metadata lock past the session's lock_wait_timeout
+    (an ALTER, ``LOCK TABLES ... WRITE``): the table could not be read now; ``cause`` names the
+    server's error. Raised where a caller can decide without the table (the gate: BLOCKED)."""
+
+    def __init__(self, message: str, table: str, cause: str) -> None:
+        super().__init__(message)
+        self.table = table
+        self.cause = cause
 
 
 def sqlalchemy_url(url: str) -> sa.URL:

@@ -14,7 +14,7 @@ import pymysql
 from ...errors import DatabaseError
 from ..base.checks import CandidateColumn, Durability, OpenTransaction, ReplicaPosition
 from .bookkeeping import DATABASE as BOOKKEEPING_DATABASE
-from .connect import TABLE_LOCK_WAIT_S, MySqlConnection, describe_db_error, error_number, probe
+from .connect import LOCK_WAIT_TIMEOUT, TABLE_LOCK_WAIT_S, MySqlConnection, describe_db_error, error_number, probe
 from .operations import OPERATIONS as ops
 from .replication import replica_status
 
@@ -28,7 +28,6 @@ TRANSACTIONAL_ENGINES = ("innodb",)
 _ACCESS_DENIED = frozenset({1142, 1143, 1227})
 _NO_SUCH_TABLE = 1146
 _TABLE_DEF_CHANGED = 1412
-_LOCK_WAIT_TIMEOUT = 1205
 # How long a read of the gate (or of an inventory) waits for a table's metadata lock held by DDL
 # (``LOCK TABLES ... WRITE``, an ALTER): the server's default is a day or a year. Past it the table
 # is UNREADABLE, named, as PostgreSQL's sweep gives up after its lock_timeout.
@@ -114,7 +113,7 @@ class MySqlGateChecks:
     def _readable(conn: MySqlConnection, schema: str, table: str, column: str) -> bool:
         # Dropped since the catalog was read (_NO_SUCH_TABLE), or held by DDL past LOCK_WAIT_S: readable
         # as far as privileges go; the read itself names it (dropped after the snapshot, or locked).
-        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True, _LOCK_WAIT_TIMEOUT: True}
+        refusals = {**dict.fromkeys(_ACCESS_DENIED, False), _NO_SUCH_TABLE: True, LOCK_WAIT_TIMEOUT: True}
         try:
             answer = probe(conn, f"EXPLAIN SELECT {ops.quote(column)} FROM {ops.relation(schema, table)} LIMIT 0",
                            refusals)
