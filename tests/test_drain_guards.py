@@ -9,7 +9,7 @@ import pytest
 from pinrotate_core.drain.counting import CountsStaleValues
 from pinrotate_core.drain.guard_cas import CasGuard, SettlesMisses
 from pinrotate_core.drain.guard_version import KeyVersioned
-from pinrotate_core.drain.run import GUARDS
+from pinrotate_core.drain.pg_port import GUARDS
 from pinrotate_core.schemes.aesgcm import AesGcmScheme
 from pinrotate_core.schemes.fpc1 import Fpc1Scheme
 from pinrotate_core.schemes.transit import TransitScheme

@@ -18,7 +18,7 @@ their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting``
 
 from .heap import long_lived_heap_frozen
 from .options import BeforeWrite, DrainOptions, stop_reason
-from .pipeline import transaction_settings
+from .pg_port import transaction_settings
 from .results import (
     STOP_CANCELLED,
     STOP_DB_ERROR,

@@ -19,7 +19,7 @@ from ..engines.postgresql import guard_cas as pg_cas
 from ..schemes.base import Scheme, Write
 from ..targets import Column, row_lock
 from .counting import BacklogCounter
-from .guards import Sweep
+from .guards import EachWrite, Sweep
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, NotStored, Tally
 from .selection import Selection
@@ -35,7 +35,7 @@ class SettlesMisses(Protocol):
         (same plaintext), rather than an application's edit (a CONFLICT)?"""
 
 
-class CasGuard:
+class CasGuard(EachWrite):
     def __init__(self, scheme: Scheme, selection: Selection, dry_run: bool) -> None:
         if not isinstance(scheme, SettlesMisses):
             raise TypeError(f"scheme {scheme.name}: a compare-and-swap guard needs settled()")

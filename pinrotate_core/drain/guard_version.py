@@ -34,7 +34,7 @@ from ..errors import DatabaseError
 from ..schemes.base import Scheme, Write
 from ..targets import Column, row_lock, row_version_columns
 from .counting import BacklogCounter
-from .guards import Sweep
+from .guards import EachWrite, Sweep
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, NotStored, Tally
 from .selection import Position, Selection
@@ -53,7 +53,7 @@ class KeyVersioned(Protocol):
     def key_version_column(self) -> Column | None: ...
 
 
-class VersionGuard:
+class VersionGuard(EachWrite):
     row_wait: float | None = ROW_WAIT
 
     def __init__(self, scheme: Scheme, selection: Selection, dry_run: bool) -> None:

@@ -2,7 +2,7 @@
 against an application writing the same rows (``guard_version.py``: compare-and-swap on the row
 version read; ``guard_cas.py``: compare-and-swap on the value read). Both read without row locks,
 so no row is locked while its batch is re-encrypted. Each guard owns its statements (composed by
-the PostgreSQL room: ``engines/postgresql/row_versions.py``, ``guard_cas.py``), how a write that
+the PostgreSQL room: ``engines/postgresql/row_versions.py``, ``guard_cas.py``; MySQL / MariaDB: ``commands/mysql/drain_port.py``), how a write that
 missed is settled, what is swept after the passes and whether conflicts are recorded; the
 pipeline never asks which guard it runs."""
 
@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psycopg
 import sqlalchemy as sa
 
-from ..schemes.base import Write
-from .counting import BacklogCounter
+from ..schemes.base import BatchPlan, Write
 from .options import DrainOptions
 from .results import BatchOutcome, DrainResult, Tally
 
@@ -35,7 +33,7 @@ class Guard(Protocol):
     # None: the write never waits on a row, there is no second try.
     row_wait: float | None
 
-    def read(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
+    def read(self, conn: Any, lo: Any, hi: Any, size: int) -> list[tuple[Any, ...]]:
         """The next batch after ``lo`` (an id, or what ``after`` returned; up to the id ``hi``),
         read in the open read transaction without row locks."""
 
@@ -45,15 +43,30 @@ class Guard(Protocol):
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         """(the rows as the scheme plans them, what the guard keeps of them for the write)."""
 
-    def write(self, conn: psycopg.Connection[Any], write: Write, outcome: BatchOutcome, versions: Any,
+    def write(self, conn: Any, write: Write, outcome: BatchOutcome, versions: Any,
               cautious: bool) -> None:
         """One write of a batch, in its open transaction, counted into ``outcome``; ``versions``:
         what ``received`` kept; ``cautious``: the second try, which must not wait on any row."""
 
-    def next_sweep(self, engine: sa.Engine, counter: BacklogCounter, tally: Tally) -> Sweep:
+    def write_batch(self, conn: Any, plan: BatchPlan, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
+        """Every write of a batch, in its open transaction (``EachWrite``: ``write`` for each)."""
+
+    def next_sweep(self, engine: sa.Engine, counter: Any, tally: Tally) -> Sweep:
         """What to try again after a pass (or a sweep) that left rows behind."""
 
-    def record_conflicts(self, conn: psycopg.Connection[Any] | None, result: DrainResult,
+    def record_conflicts(self, conn: Any | None, result: DrainResult,
                          options: DrainOptions) -> None:
         """Save the drain's CONFLICT counts for the gate; ``conn`` None: the database could not be
         reached, fail closed."""
+
+
+class EachWrite:
+    """``write_batch`` as a guard that writes each of a plan's writes with its own statement does it."""
+
+    def write(self, conn: Any, write: Write, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
+        raise NotImplementedError
+
+    def write_batch(self, conn: Any, plan: BatchPlan, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
+        for write in plan.writes:
+            if write.ids:
+                self.write(conn, write, outcome, versions, cautious)

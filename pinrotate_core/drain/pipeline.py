@@ -17,19 +17,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 
 from .. import tracing
-from ..db import describe_db_error, raw_connection
-from ..engines.postgresql.session import batch_settings
 from ..errors import DatabaseError, KeyUnavailable, ThrottleCritical
 from ..log import log_event
 from ..schemes.base import NOT_STORED, BatchPlan, FailedRow, Scheme
-from ..targets import writing_batch_begin
 from .guards import Guard
 from .options import DrainOptions, stop_reason
+from .port import CommitLost, DrainPort
 from .results import (
     STOP_CANCELLED,
     STOP_DB_ERROR,
@@ -39,6 +35,7 @@ from .results import (
     BatchOutcome,
     CommitUnknown,
     NotStored,
+    NotStoredRows,
     Tally,
 )
 
@@ -93,18 +90,16 @@ class _Pending:
 class BatchPipeline:
     """Passes over id ranges of one target, for the workers of one drain (they share its tally)."""
 
-    def __init__(self, engine: sa.Engine, scheme: Scheme, guard: Guard, options: DrainOptions, tally: Tally) -> None:
+    def __init__(self, engine: sa.Engine, scheme: Scheme, guard: Guard, options: DrainOptions, tally: Tally,
+                 port: DrainPort) -> None:
         self.engine = engine
+        self.port = port
         self.scheme = scheme
         self.target = scheme.target
         self.guard = guard
         self.options = options
         self.tally = tally
         self.stopped = threading.Event()  # one worker's fail-closed stop stops its siblings
-        self._settings = transaction_settings(options)
-        self._read_begin = sql.SQL("; ").join([
-            sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED" + (" READ ONLY" if options.dry_run else "")),
-            *self._settings])
 
     def guarded_pass(self, worker: int, lo: Any, hi: Any, only: frozenset[Any] | None = None) -> str | None:
         """One pass (see ``_pass``); an error that stops the target is a stop reason, recorded once."""
@@ -116,8 +111,8 @@ class BatchPipeline:
             return self.fail(e, STOP_DB_ERROR, worker)
         except ThrottleCritical as e:  # fail-safe stop between batches (exit 4)
             return self.fail(e, STOP_THROTTLE_CRITICAL, worker)
-        except psycopg.Error as e:
-            err = DatabaseError(f"target {self.target.name}: batch rolled back ({describe_db_error(e)})")
+        except self.port.errors as e:
+            err = DatabaseError(f"target {self.target.name}: batch rolled back ({self.port.describe_error(e)})")
             return self.fail(err, STOP_DB_ERROR, worker)
 
     def fail(self, exc: BaseException, reason: str, worker: int) -> str:
@@ -134,7 +129,7 @@ class BatchPipeline:
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def _next_batch(self, conn: psycopg.Connection[Any], lo: Any, hi: Any, first: bool,
+    def _next_batch(self, conn: Any, lo: Any, hi: Any, first: bool,
                     halt: _AnyEvent) -> _Fetched | None:
         """Reader thread: wait until the next batch may start (throttle, or ``inter_batch_delay``)
         while holding nothing, then read it. None: the pass stopped before it began."""
@@ -150,18 +145,16 @@ class BatchPipeline:
         if halt.is_set() or self._should_stop():
             return None
         read = time.perf_counter()
-        # No row lock; its own short transaction, whose SET LOCALs bound it (transaction_settings).
-        conn.execute(self._read_begin)
+        self.port.begin_read(conn, opts)  # no row lock: its own short transaction, if any
         try:
             rows = self.guard.read(conn, lo, hi, size)
-            conn.execute("COMMIT")
+            self.port.end_read(conn, True)
         except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
+            self.port.end_read(conn, False)
             raise
         return _Fetched(rows, size, read)
 
-    def _write(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
+    def _write(self, conn: Any, plan: BatchPlan, versions: Any) -> BatchOutcome:
         """The batch's writes and COMMIT in one transaction (writer thread); ROLLBACK on any error:
         whole or nothing. A row whose stored value is not the one written (a trigger kept or
         changed it) rolls the batch back; it is written again without that row, FAILED."""
@@ -170,6 +163,8 @@ class BatchPipeline:
                 return self._write_tries(conn, plan, versions)
             except NotStored as e:  # rolled back: each try leaves out at least one more row
                 self._leave_out(plan, e)
+            except NotStoredRows as e:
+                self._leave_out_rows(plan, e.ids)
 
     def _leave_out(self, plan: BatchPlan, e: NotStored) -> None:
         """Take the rows ``e`` names out of ``plan``'s write, FAILED (``NOT_STORED``)."""
@@ -180,7 +175,22 @@ class BatchPipeline:
         log_event("batch_write_retried", level=30, run_id=self.options.run_id or None, target=self.target.name,
                   reason="the database stored another value than the one written", rows=len(e.positions))
 
-    def _write_tries(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any) -> BatchOutcome:
+    def _leave_out_rows(self, plan: BatchPlan, ids: set[Any]) -> None:
+        """Take the rows ``ids`` out of every write of ``plan``, FAILED (``NOT_STORED``), each once
+        with every column the plan wrote of it."""
+        columns: dict[Any, list[str]] = {}
+        for at, write in enumerate(plan.writes):
+            positions = [p for p, row_id in enumerate(write.ids) if row_id in ids]
+            for p in positions:
+                columns.setdefault(write.ids[p], []).extend(self.target.columns[j].name for j in write.columns)
+            if positions:
+                plan.writes[at] = write.drop(positions)
+        plan.failed += [FailedRow(self.target.name, str(row_id), tuple(dict.fromkeys(names)), NOT_STORED)
+                        for row_id, names in columns.items()]
+        log_event("batch_write_retried", level=30, run_id=self.options.run_id or None, target=self.target.name,
+                  reason="the database stored another value than the one written", rows=len(columns))
+
+    def _write_tries(self, conn: Any, plan: BatchPlan, versions: Any) -> BatchOutcome:
         """Where the guard's first try may wait on a row (``row_wait``) and that wait runs out, or
         a deadlock ends it, the batch is written again cautiously, never waiting on a row. A
         serialization failure (an application's commit moved a row while the write waited for it:
@@ -191,23 +201,22 @@ class BatchPipeline:
             wait = min(wait, self.options.lock_timeout)
             try:
                 return self._write_once(conn, plan, versions, wait)
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
-                    psycopg.errors.SerializationFailure) as e:
+            except self.port.lock_retry_errors as e:
                 self._retried(e)
         try:
             return self._write_once(conn, plan, versions, None)
-        except psycopg.errors.SerializationFailure as e:
+        except self.port.serialization_errors as e:
             self._retried(e)
             return self._write_once(conn, plan, versions, None)
 
-    def _retried(self, e: psycopg.Error) -> None:
+    def _retried(self, e: BaseException) -> None:
         reason = ("an application's commit moved a row the write waited for"
-                  if isinstance(e, psycopg.errors.SerializationFailure) else "a lock was held by someone else")
+                  if isinstance(e, self.port.serialization_errors) else "a lock was held by someone else")
         log_event("batch_write_retried", level=20, run_id=self.options.run_id or None, target=self.target.name,
                   reason=reason)
 
     # -- tracing (issue 34): one span per batch transaction, nothing else changed ------------
-    def _traced_write(self, batch_no: int, size: int, conn: psycopg.Connection[Any], plan: BatchPlan,
+    def _traced_write(self, batch_no: int, size: int, conn: Any, plan: BatchPlan,
                       versions: Any) -> BatchOutcome:
         """``_write`` in a ``pinrotate.batch`` span (names and counts only; no-op without tracing)."""
         with tracing.batch_span(self.options.run_id, self.target.name, self.scheme.current_key, size,
@@ -216,28 +225,23 @@ class BatchPipeline:
             tracing.batch_written(span, outcome.reencrypted, outcome.conflicts, (f.reason for f in plan.failed))
             return outcome
 
-    def _write_once(self, conn: psycopg.Connection[Any], plan: BatchPlan, versions: Any,
+    def _write_once(self, conn: Any, plan: BatchPlan, versions: Any,
                     wait: float | None) -> BatchOutcome:
         """One try: BEGIN (with ``wait`` as this transaction's lock_timeout; None: the session's,
         and the guard's cautious write), the writes, COMMIT."""
         outcome = BatchOutcome()
         try:
-            conn.execute(writing_batch_begin(self.target, wait, self._settings))  # one round trip
-            for write in plan.writes:
-                if write.ids:
-                    self.guard.write(conn, write, outcome, versions, wait is None and self.guard.row_wait is not None)
+            self.port.begin_write(conn, self.target, self.options, wait)
+            self.guard.write_batch(conn, plan, outcome, versions, wait is None and self.guard.row_wait is not None)
             try:
-                conn.execute("COMMIT")
-            except psycopg.Error as e:
-                if not (conn.closed or conn.broken):
-                    raise  # the server answered: rolled back
+                self.port.commit(conn)
+            except CommitLost as e:
                 with self.tally.lock:
                     self.tally.commit_unknown += plan.planned
-                raise CommitUnknown(self.target.name, plan.planned, describe_db_error(e)) from None
+                raise CommitUnknown(self.target.name, plan.planned, e.described) from None
             outcome.committed = time.perf_counter()
         except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
+            self.port.rollback(conn)
             raise
         return outcome
 
@@ -291,7 +295,7 @@ class BatchPipeline:
         halt_pass = threading.Event()  # set when this pass ends: a reader waiting for the throttle gives up
         halt = _AnyEvent(opts.stop, halt_pass, self.stopped)
         with contextlib.ExitStack() as stack:
-            conns = [stack.enter_context(raw_connection(self.engine)) for _ in range(2 if dry else 3)]
+            conns = [stack.enter_context(self.port.connect(self.engine)) for _ in range(2 if dry else 3)]
             reader = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"read-{t.name}"))
             writer = None if dry else stack.enter_context(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{t.name}"))
@@ -354,13 +358,6 @@ class BatchPipeline:
             finally:
                 halt_pass.set()
         return reason
-
-
-def transaction_settings(options: DrainOptions) -> list[sql.Composable]:
-    """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes): the room's
-    ``batch_settings`` for these options."""
-    return batch_settings(options.lock_timeout, options.statement_timeout, options.idle_timeout,
-                          dry_run=options.dry_run)
 
 
 def _feeds_sizer(throttle: Throttle, rows: int, started: float) -> Callable[[Future[BatchOutcome]], None]:

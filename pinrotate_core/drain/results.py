@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,15 @@ class NotStored(Exception):
         super().__init__(f"{len(positions)} row(s) did not store the value written")
         self.write = write
         self.positions = list(positions)
+
+
+class NotStoredRows(Exception):
+    """As ``NotStored``, for a guard that writes a batch's rows whole (every column of a row in one
+    statement): ``ids`` are rows, whatever writes of the plan they are in."""
+
+    def __init__(self, ids: Collection[Any]) -> None:
+        super().__init__(f"{len(ids)} row(s) did not store the value written")
+        self.ids = set(ids)
 
 
 @dataclass

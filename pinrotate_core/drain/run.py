@@ -9,50 +9,41 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
-from ..db import describe_db_error, raw_connection, read_only_when
-from ..engines.postgresql.durability import force_flush
 from ..errors import DatabaseError
 from ..log import log_event
 from ..schemes.base import Scheme
-from .counting import BacklogCounter
-from .fpc1_precheck import HoldsFailingKeys, hold_failing_keys
-from .guard_cas import CasGuard
-from .guard_version import VersionGuard
 from .guards import Guard
 from .heap import long_lived_heap_frozen
 from .options import DrainOptions
+from .pg_port import PG_PORT
 from .pipeline import BatchPipeline
+from .port import DrainPort
 from .results import STOP_DB_ERROR, DrainResult, Tally, first_reason
-from .selection import Selection
-from .shards import ShardPlanner
 
 MAX_SWEEPS = 5
 
-# The write guard of each scheme's ``guard``: the one place that names them.
-GUARDS: dict[str, type[VersionGuard | CasGuard]] = {"version": VersionGuard, "cas": CasGuard}
-
 
 class Drain:
-    """The drain of one target through its scheme (see the package docstring)."""
+    """The drain of one target through its scheme (see the package docstring), on the database
+    engine of ``port`` (PostgreSQL unless told)."""
 
-    def __init__(self, engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> None:
+    def __init__(self, engine: sa.Engine, scheme: Scheme, options: DrainOptions, port: DrainPort = PG_PORT) -> None:
         self.engine = engine
         self.scheme = scheme
         self.target = scheme.target
         self.options = options
+        self.port = port
+        self._errors: tuple[type[BaseException], ...] = (*port.errors, DatabaseError)
         self.tally = Tally()
-        self.selection = selection = Selection(scheme, options.tenant)
-        self.guard: Guard = GUARDS[scheme.guard](scheme, selection, options.dry_run)
-        self.counter = BacklogCounter(scheme, selection, options.id_range)
-        self.planner = ShardPlanner(selection, options.id_range, options.run_id)
-        self.pipeline = BatchPipeline(engine, scheme, self.guard, options, self.tally)
+        self.parts = port.parts(engine, scheme, options)
+        self.guard: Guard = self.parts.guard
+        self.pipeline = BatchPipeline(engine, scheme, self.guard, options, self.tally, port)
 
-    def count_backlog(self, conn: psycopg.Connection[Any]) -> int:
+    def count_backlog(self, conn: Any) -> int:
         """Rows (or values, for value-counting schemes) still to move, in scope."""
-        return self.counter.count_backlog(conn)
+        return self.parts.count_backlog(conn)
 
     def run(self) -> DrainResult:
         opts = self.options
@@ -60,15 +51,16 @@ class Drain:
         started = time.perf_counter()
         result = DrainResult(name, self.scheme.current_key, dry_run=opts.dry_run)
         try:
-            with raw_connection(self.engine) as conn, read_only_when(conn, opts.dry_run):
+            with self.port.connect(self.engine) as conn, self.port.reading(conn, opts.dry_run):
                 result.backlog_before = opts.planned_backlog or self.count_backlog(conn)
-                if result.backlog_before and isinstance(self.scheme, HoldsFailingKeys):  # no integrity: check first
-                    hold_failing_keys(conn, self.scheme, self.selection, opts.id_range, self.tally, opts.run_id)
-                bounds = (self.planner.range_bounds(conn, opts.workers, result.backlog_before)
+                if result.backlog_before:  # fpc1 (no integrity): check first
+                    self.parts.hold_failing_keys(conn, self.tally)
+                bounds = (self.parts.range_bounds(conn, opts.workers, result.backlog_before)
                           if opts.workers > 1 and result.backlog_before else [])
-        except (psycopg.Error, DatabaseError) as e:
+        except self._errors as e:
             result.stopped, result.retryable = STOP_DB_ERROR, True
-            result.error = str(e) if isinstance(e, DatabaseError) else f"target {name}: {describe_db_error(e)}"
+            result.error = (str(e) if isinstance(e, DatabaseError)
+                            else f"target {name}: {self.port.describe_error(e)}")
             return result
         # A shard's lines name it: its backlog is the shard's, not the target's.
         log_event("target_started", run_id=opts.run_id or None, target=name, shard=opts.shard or None,
@@ -113,12 +105,12 @@ class Drain:
         sweeps = 0
         while reason is None and sweeps < MAX_SWEEPS:
             try:
-                sweep = self.guard.next_sweep(self.engine, self.counter, self.tally)
-            except (psycopg.Error, DatabaseError) as e:
+                sweep = self.guard.next_sweep(self.engine, self.parts.counter, self.tally)
+            except self._errors as e:
                 # The count after the pass lost its connection (an outage, a killed backend): a
                 # stop like a failed batch's, fail-closed and retryable; the batches stay committed.
                 err = e if isinstance(e, DatabaseError) else DatabaseError(
-                    f"target {self.target.name}: the count after the pass failed ({describe_db_error(e)})")
+                    f"target {self.target.name}: the count after the pass failed ({self.port.describe_error(e)})")
                 return self.pipeline.fail(err, STOP_DB_ERROR, worker=0), None
             remaining = sweep.backlog  # the backlog now, unless a sweep moves something
             if not sweep.due:
@@ -136,15 +128,13 @@ class Drain:
         last batch), record CONFLICT counts for the gate."""
         reached = False
         try:
-            with raw_connection(self.engine) as conn:
+            with self.port.connect(self.engine) as conn:
                 if result.reencrypted:
-                    # Batches commit with synchronous_commit = off: one synchronous commit flushes the
-                    # WAL behind every one of them, so a crash cannot undo what this drain reports.
-                    force_flush(conn)
+                    self.port.make_durable(conn)  # a crash cannot undo what this drain reports
                 result.backlog_remaining = self.count_backlog(conn) if remaining is None else remaining
                 reached = True
                 self.guard.record_conflicts(conn, result, self.options)
-        except (psycopg.Error, DatabaseError) as e:
+        except self._errors as e:
             # Without the barrier the last batches may not be on disk yet: the run must not
             # report success (a gate opened on it could be undone by a crash).
             if not reached:
@@ -153,7 +143,7 @@ class Drain:
                 result.stopped, result.retryable = STOP_DB_ERROR, True
                 result.error = (str(e) if isinstance(e, DatabaseError) else
                                 f"target {self.target.name}: could not confirm the batches are durable "
-                                f"({describe_db_error(e)})")
+                                f"({self.port.describe_error(e)})")
         if not reached:
             self.guard.record_conflicts(None, result, self.options)
         if result.state_error is not None:
@@ -163,7 +153,7 @@ class Drain:
                       error=result.state_error)
 
 
-def drain_target(engine: sa.Engine, scheme: Scheme, options: DrainOptions) -> DrainResult:
-    """Drain one target through its scheme (``schemes.build_scheme``)."""
+def drain_target(engine: sa.Engine, scheme: Scheme, options: DrainOptions, port: DrainPort = PG_PORT) -> DrainResult:
+    """Drain one target through its scheme (``schemes.build_scheme``) on ``port``'s engine."""
     with long_lived_heap_frozen():
-        return Drain(engine, scheme, options).run()
+        return Drain(engine, scheme, options, port).run()
