@@ -9,8 +9,12 @@ open batch back and stops the target; a value that does not decrypt is left unch
 reported. It never writes anything but the cipher columns (and the key-version column), and never
 a row out of scope.
 
+One drain for both engines: what differs (connections, transactions, the driver's errors, the
+durability barrier, the guard, counts and plans) is asked of a ``port.DrainPort``: ``pg_port`` on
+PostgreSQL, ``commands/mysql/drain_port.py`` on MySQL / MariaDB.
+
 Its parts: ``run`` (one target's drain: workers, sweeps, barrier, result), ``pipeline`` (the batch
-loop over its connections), ``guards`` with ``guard_version`` and ``guard_cas`` (the write guards and
+loop over its connections), ``port`` and ``pg_port`` (the engine's side), ``guards`` with ``guard_version`` and ``guard_cas`` (the write guards and
 their statements), ``selection`` (the stale, in-scope rows as SQL), ``counting`` (backlog counts),
 ``shards`` (shard planning), ``options`` and ``results`` (what it is asked, what it reports),
 ``heap`` (gc freezing while drains run). It never imports rotation, the gate or the flows.

@@ -50,6 +50,9 @@ class PgDrainParts:
         self.counter = BacklogCounter(scheme, selection, options.id_range)
         self.planner = ShardPlanner(selection, options.id_range, options.run_id)
 
+    def prepare(self, conn: psycopg.Connection[Any]) -> None:
+        return None  # the guards compose their statements from the resolved target
+
     def count_backlog(self, conn: psycopg.Connection[Any]) -> int:
         return self.counter.count_backlog(conn)
 

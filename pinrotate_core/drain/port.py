@@ -36,6 +36,10 @@ class DrainParts(Protocol):
     guard: Guard
     counter: Any  # what ``guard.next_sweep`` counts the backlog with
 
+    def prepare(self, conn: Any) -> None:
+        """Before the first batch (there is a backlog): what the guard must read first (MySQL: the
+        table's catalog, for its statements)."""
+
     def count_backlog(self, conn: Any) -> int:
         """Rows (or values, for value-counting schemes) still to move, in scope and in the id range."""
 

@@ -53,8 +53,9 @@ class Drain:
         try:
             with self.port.connect(self.engine) as conn, self.port.reading(conn, opts.dry_run):
                 result.backlog_before = opts.planned_backlog or self.count_backlog(conn)
-                if result.backlog_before:  # fpc1 (no integrity): check first
-                    self.parts.hold_failing_keys(conn, self.tally)
+                if result.backlog_before:
+                    self.parts.prepare(conn)
+                    self.parts.hold_failing_keys(conn, self.tally)  # fpc1 (no integrity): check first
                 bounds = (self.parts.range_bounds(conn, opts.workers, result.backlog_before)
                           if opts.workers > 1 and result.backlog_before else [])
         except self._errors as e:

@@ -122,13 +122,10 @@ class CommitOutcomeUnknown(Exception):
         self.cause = cause
 
 
-@contextlib.contextmanager
-def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
-                      idle_timeout: float | None = None) -> Iterator[None]:
-    """One transaction per batch, READ COMMITTED (no gap locks on ids that are gone), under the
-    session limits of ``batch_limits``; committed when the block ends, rolled back on any error
-    (``CommitOutcomeUnknown`` when the connection is lost during the COMMIT itself). The limits
-    are reset when it ends, so nothing set outlives the batch."""
+def start_batch(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
+                idle_timeout: float | None = None) -> tuple[str, ...]:
+    """START TRANSACTION of one batch, READ COMMITTED (no gap locks on ids that are gone), under the
+    session limits of ``batch_limits``; the names of the limits set, for ``end_batch``."""
     limits = batch_limits(conn, lock_wait, statement_timeout, idle_timeout)
     with conn.cursor() as cur:
         # SET TRANSACTION (no SESSION) applies to the next transaction only.
@@ -136,21 +133,47 @@ def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout
         try:
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute("START TRANSACTION")
-            try:
-                yield
-            except BaseException:
-                if conn.open:  # a session the server ended (idle_transaction_timeout) rolled back with it
-                    conn.rollback()
-                raise
-            try:
-                conn.commit()
-            except pymysql.err.MySQLError as e:
-                if conn.open:
-                    raise  # the server answered: rolled back
-                raise CommitOutcomeUnknown(e) from e
-        finally:
-            if conn.open:
-                cur.execute("SET SESSION " + ", ".join(f"{name} = DEFAULT" for name in limits))
+        except BaseException:
+            end_batch(conn, tuple(limits))
+            raise
+    return tuple(limits)
+
+
+def end_batch(conn: MySqlConnection, limits: tuple[str, ...]) -> None:
+    """The session limits ``start_batch`` set back to their defaults: nothing set outlives a batch
+    (a connection the server ended has none left)."""
+    if conn.open and limits:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION " + ", ".join(f"{name} = DEFAULT" for name in limits))
+
+
+def commit_batch(conn: MySqlConnection) -> None:
+    """COMMIT; ``CommitOutcomeUnknown`` when the connection is lost during the COMMIT itself."""
+    try:
+        conn.commit()
+    except pymysql.err.MySQLError as e:
+        if conn.open:
+            raise  # the server answered: rolled back
+        raise CommitOutcomeUnknown(e) from e
+
+
+@contextlib.contextmanager
+def batch_transaction(conn: MySqlConnection, lock_wait: float, statement_timeout: float | None = None,
+                      idle_timeout: float | None = None) -> Iterator[None]:
+    """One transaction per batch (``start_batch``); committed when the block ends, rolled back on
+    any error (``CommitOutcomeUnknown`` when the connection is lost during the COMMIT itself). The
+    limits are reset when it ends (``end_batch``)."""
+    limits = start_batch(conn, lock_wait, statement_timeout, idle_timeout)
+    try:
+        try:
+            yield
+        except BaseException:
+            if conn.open:  # a session the server ended (idle_transaction_timeout) rolled back with it
+                conn.rollback()
+            raise
+        commit_batch(conn)
+    finally:
+        end_batch(conn, limits)
 
 
 def _literal(conn: MySqlConnection, value: Any) -> str:
