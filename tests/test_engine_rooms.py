@@ -56,3 +56,28 @@ def test_features_tell_the_two_engines_apart_where_callers_must_choose() -> None
     assert not mysql.can_silence_triggers and POSTGRES_FEATURES.can_silence_triggers
     assert mysql.has_auto_updated_columns and not POSTGRES_FEATURES.has_auto_updated_columns
     assert mysql.schema_is_database and not POSTGRES_FEATURES.schema_is_database
+
+
+def test_the_one_drain_and_its_pipeline_name_no_driver_no_room_and_no_engine_but_through_the_port() -> None:
+    """One drain for both engines (drain/port.py): its loop, pipeline, guard protocol, options and
+    results import no database driver and no room; what differs comes through a DrainPort
+    (drain/pg_port.py, commands/mysql/drain_port.py). run.py's one exception: PostgreSQL's port as
+    the default of ``drain_target``."""
+    drain = ENGINES.parent / "drain"
+    problems = []
+    for name in ("run.py", "pipeline.py", "port.py", "guards.py", "options.py", "results.py", "heap.py"):
+        for module in imported_modules(drain / name):
+            driver = module.split(".")[0] in ("psycopg", "pymysql", "prefect")
+            room = module.startswith("pinrotate_core.engines")
+            if driver or room or (module == "pinrotate_core.drain.pg_port" and name != "run.py"):
+                problems.append(f"{name}: {module}")
+    assert problems == []
+    import psycopg
+    import pymysql
+
+    from pinrotate_core.commands.mysql.drain_port import MYSQL_PORT
+    from pinrotate_core.drain.pg_port import PG_PORT
+    from pinrotate_core.drain.port import DrainPort
+
+    ports: list[DrainPort] = [PG_PORT, MYSQL_PORT]  # mypy proves both complete
+    assert [p.errors for p in ports] == [(psycopg.Error,), (pymysql.err.MySQLError,)]
