@@ -9,9 +9,7 @@ refusals at the start: ``write_versioned``, ``--expected-key-version``, a 32-byt
 run's keyring; a dry run needing no ``--expected-key-version``, whose read-only proof is PostgreSQL's
 ``pg_stat_user_tables``); the soft-delete rule's SQL (``live_condition`` composes PostgreSQL SQL;
 tests/test_scope_matrix_mysql.py reads the words on MariaDB); a read-only database
-(``default_transaction_read_only``; the read-only auditor is tests/test_privileges_mysql.py);
-``max_degree_of_parallelism`` workers inside one drain (a MySQL drain has none: its parallelism is
-the flow's shards, docs/engines.md; tests/test_mysql_bookkeeping.py runs a sharded fpc1 run); and
+(``default_transaction_read_only``; the read-only auditor is tests/test_privileges_mysql.py); and
 ``length_after`` (no database). Left to tests/test_scope_matrix_mysql.py, which runs every command
 of an fpc1 target under each scope rule on MariaDB (suite time): the tenant run and the soft-deleted
 rows (EXCLUDED, the gate decided over every tenant; the round trip here checks both too).
@@ -112,3 +110,9 @@ def test_a_value_outside_the_json_paths_of_a_target_column_closes_the_gate_on_ma
     gate = pg.retire_gate(settings, "k1", erase_excluded=True)
     assert not gate.open and {c: n for c, n in gate.blocking.items() if n} == {"OUTSIDE_TARGETS": 1}
     assert f"{db.database}.lowcode_configs.encrypt_config" in json.dumps(gate.as_dict())
+
+
+def test_fpc1_targets_drain_with_several_workers_like_the_others_on_mariadb(
+        db: MariaFpc1Db, keys_file: Path) -> None:
+    # The one drain of drain/: max_degree_of_parallelism id ranges, counted exactly (no TABLESAMPLE).
+    pg.test_fpc1_targets_drain_with_several_workers_like_the_others(db, keys_file)

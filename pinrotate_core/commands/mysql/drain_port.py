@@ -46,7 +46,7 @@ from ...schemes.base import DECRYPT_FAILED, BatchPlan, FailedRow, Scheme
 from ...schemes.fpc1 import Fpc1Scheme
 from ...targets import ResolvedTarget
 from .bookkeeping import record_conflicts_mysql, tenant_key
-from .selection import count_backlog, read_batch, rows_in_scope, stale_rows, stale_where
+from .selection import count_backlog, range_bounds, read_batch, rows_in_scope, stale_rows, stale_where
 from .targets import read_table
 
 UNREACHABLE = "the CONFLICT counts could not be recorded: the database was unreachable"
@@ -205,9 +205,8 @@ class MySqlDrainParts:
                 log_event("key_held", level=30, run_id=self.options.run_id or None, target=name, key=key,
                           failing_values=n)
 
-    @staticmethod
-    def range_bounds(conn: MySqlConnection, workers: int, backlog: int) -> list[Any]:
-        return []  # one worker per drain: shards (``.selection.plan_shards``) split a target between drains
+    def range_bounds(self, conn: MySqlConnection, workers: int, backlog: int) -> list[Any]:
+        return range_bounds(conn, self.scheme, self.options.tenant, self.options.id_range, workers)
 
 
 class MySqlDrainPort:

@@ -125,32 +125,27 @@ def _estimated_rows(conn: MySqlConnection, t: TargetSettings) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def plan_shards(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards: int) -> list[Shard]:
-    """The target's backlog as at most ``shards`` id ranges ``(lo, hi]`` of similar counts, each
-    counted exactly (one pass in id order; the cumulative count is kept at no more than about
-    ``SAMPLE_ROWS`` points, spaced by the table's ``TABLE_ROWS`` estimate). The outer ends are open,
-    so rows that turn stale later still fall in a shard; ranges are merged until each holds at least
-    ``MIN_BATCHES_PER_SHARD`` batches, as on PostgreSQL."""
-    try:
-        with mysql_connect.raw_connection(engine) as conn:
-            if shards <= 1:
-                return [Shard(options.id_range, count_backlog(conn, scheme, options.tenant, options.id_range))]
-            step = max(1, _estimated_rows(conn, scheme.target.settings) // SAMPLE_ROWS)
-            points: list[tuple[Any, int]] = []  # (id, backlog up to and including it)
-            total = 0
-            for i, (row_id, n) in enumerate(_backlog_rows(conn, scheme, options.tenant, options.id_range)):
-                total += n
-                if i % step == 0:
-                    points.append((row_id, total))
-            if points and points[-1][1] != total:
-                points.append((None, total))  # the last stretch, up to the open end
-    except pymysql.err.MySQLError as e:
-        raise DatabaseError(f"target {scheme.target.name}: cannot plan the shards "
-                            f"({mysql_connect.describe_db_error(e)})") from None
-    wanted = min(shards, max(1, total // (MIN_BATCHES_PER_SHARD * options.batch_size)))
-    lo, hi = options.id_range
-    if wanted <= 1 or len(points) < wanted:
-        return [Shard((lo, hi), total)]
+def _cumulative(conn: MySqlConnection, scheme: Scheme, tenant: str | None,
+                id_range: tuple[Any, Any]) -> tuple[list[tuple[Any, int]], int]:
+    """(points, total): the backlog of ``id_range`` counted exactly in one pass in id order, its
+    cumulative count kept at no more than about ``SAMPLE_ROWS`` points ``(id, backlog up to and
+    including it)``, spaced by the table's ``TABLE_ROWS`` estimate; the last stretch up to the open
+    end as ``(None, total)``."""
+    step = max(1, _estimated_rows(conn, scheme.target.settings) // SAMPLE_ROWS)
+    points: list[tuple[Any, int]] = []
+    total = 0
+    for i, (row_id, n) in enumerate(_backlog_rows(conn, scheme, tenant, id_range)):
+        total += n
+        if i % step == 0:
+            points.append((row_id, total))
+    if points and points[-1][1] != total:
+        points.append((None, total))
+    return points, total
+
+
+def _split(points: Sequence[tuple[Any, int]], total: int, wanted: int) -> tuple[list[Any], list[int]]:
+    """Inner boundaries (ids, in the server's order) cutting ``total`` into ``wanted`` parts of
+    similar counts at the points of ``_cumulative``, and each part's count."""
     bounds: list[Any] = []
     counts: list[int] = []
     before = 0
@@ -163,4 +158,36 @@ def plan_shards(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards
         counts.append(at[1] - before)
         before = at[1]
     counts.append(total - before)
+    return bounds, counts
+
+
+def range_bounds(conn: MySqlConnection, scheme: Scheme, tenant: str | None, id_range: tuple[Any, Any],
+                 ranges: int) -> list[Any]:
+    """Inner boundaries splitting the backlog of ``id_range`` between ``ranges`` workers of one drain
+    (``job.max_degree_of_parallelism``), as PostgreSQL's ``ShardPlanner.range_bounds`` does: counted
+    exactly (MySQL has no ``TABLESAMPLE``); fewer ranges where the backlog has fewer distinct points."""
+    if ranges <= 1:
+        return []
+    points, total = _cumulative(conn, scheme, tenant, id_range)
+    return _split(points, total, ranges)[0] if len(points) >= ranges else []
+
+
+def plan_shards(engine: sa.Engine, scheme: Scheme, options: DrainOptions, shards: int) -> list[Shard]:
+    """The target's backlog as at most ``shards`` id ranges ``(lo, hi]`` of similar counts, each
+    counted exactly (``_cumulative``: one pass in id order). The outer ends are open, so rows that
+    turn stale later still fall in a shard; ranges are merged until each holds at least
+    ``MIN_BATCHES_PER_SHARD`` batches, as on PostgreSQL."""
+    try:
+        with mysql_connect.raw_connection(engine) as conn:
+            if shards <= 1:
+                return [Shard(options.id_range, count_backlog(conn, scheme, options.tenant, options.id_range))]
+            points, total = _cumulative(conn, scheme, options.tenant, options.id_range)
+    except pymysql.err.MySQLError as e:
+        raise DatabaseError(f"target {scheme.target.name}: cannot plan the shards "
+                            f"({mysql_connect.describe_db_error(e)})") from None
+    wanted = min(shards, max(1, total // (MIN_BATCHES_PER_SHARD * options.batch_size)))
+    lo, hi = options.id_range
+    if wanted <= 1 or len(points) < wanted:
+        return [Shard((lo, hi), total)]
+    bounds, counts = _split(points, total, wanted)
     return [Shard(r, n) for r, n in zip(zip([lo, *bounds], [*bounds, hi]), counts)]
