@@ -252,6 +252,13 @@ def test_another_sessions_temporary_table_is_unswept_named_by_its_session_never_
             assert f"pid {pid}, application_name 'etl-step-3'" in why, why
         skip = settings.model_copy(update={"gate": settings.gate.model_copy(update={"discover_skip": (name,)})})
         assert retire_gate(skip, "1").open
+    # The session's end drops its temporary tables, but in its backend, after the client has gone: wait
+    # for that (the gate rightly stays closed while the table is there), never past 30 s.
+    deadline = time.monotonic() + 30
+    while pg_conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'staging' AND relpersistence = 't'"
+                          ).fetchone() != (0,):
+        assert time.monotonic() < deadline, "the temporary table outlived its session by 30 s"
+        time.sleep(0.05)
     assert retire_gate(settings, "1").open
 
 
