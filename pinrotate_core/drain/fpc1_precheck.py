@@ -11,7 +11,7 @@ batch that meets it (the scheme's ``plan`` holds the key from then on). Reads on
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import psycopg
@@ -58,22 +58,31 @@ def hold_failing_keys(conn: psycopg.Connection[Any], scheme: HoldsFailingKeys, s
     query = sql.SQL("SELECT {id}::text, ({in_range}), {cols} FROM {rel} WHERE {stale} AND {scope}").format(
         id=selection.id, in_range=in_range, cols=sql.SQL(", ").join(map(composable, scheme.read_list(PG))),
         rel=target.relation, stale=composable(scheme.stale_condition(PG)), scope=scope_condition(target.settings, None))
-    failing: dict[str, int] = {}
-    failed: list[FailedRow] = []
     with conn.transaction(), conn.cursor(name="pinrotate_fpc1_precheck") as cur:
         cur.itersize = SCAN_ROWS
         cur.execute(query, params)
-        for row in cur:
-            found = scheme.failing_values(row[3:])
-            for _, key in found:
-                failing[key] = failing.get(key, 0) + 1
-            if found and row[1]:
-                failed.append(FailedRow(target.name, str(row[0]), tuple(label for label, _ in found), DECRYPT_FAILED))
+        return hold_keys_failing_in(cur, scheme, tally, run_id)
+
+
+def hold_keys_failing_in(rows: Iterable[Sequence[Any]], scheme: HoldsFailingKeys, tally: Tally,
+                         run_id: str = "") -> set[str]:
+    """The rule over the stale rows of the whole target, each ``(id, in the drain's id range,
+    tenant, *values)`` as either engine reads them: hold back each key one of whose values fails,
+    record the failing rows of the drain's range in ``tally``. Returns the keys held."""
+    name = scheme.target.name
+    failing: dict[str, int] = {}
+    failed: list[FailedRow] = []
+    for row in rows:
+        found = scheme.failing_values(row[3:])
+        for _, key in found:
+            failing[key] = failing.get(key, 0) + 1
+        if found and row[1]:
+            failed.append(FailedRow(name, str(row[0]), tuple(label for label, _ in found), DECRYPT_FAILED))
     if failing:
         scheme.hold(failing)
         with tally.lock:
             for f in failed:
                 tally.failed.setdefault((f.id, f.reason), f)
         for key, n in sorted(failing.items()):
-            log_event("key_held", level=30, run_id=run_id or None, target=target.name, key=key, failing_values=n)
+            log_event("key_held", level=30, run_id=run_id or None, target=name, key=key, failing_values=n)
     return set(failing)

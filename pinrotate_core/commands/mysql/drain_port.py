@@ -32,7 +32,7 @@ import pymysql
 import sqlalchemy as sa
 
 from ...conflicts import StateError
-from ...drain.fpc1_precheck import HoldsFailingKeys
+from ...drain.fpc1_precheck import HoldsFailingKeys, hold_keys_failing_in
 from ...drain.guards import Guard, Sweep
 from ...drain.options import DrainOptions
 from ...drain.port import CommitLost
@@ -41,8 +41,7 @@ from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.guard import CasRow, CommitOutcomeUnknown, MySqlCasGuard, commit_batch, end_batch, start_batch
 from ...engines.mysql.signals import drain_session
-from ...log import log_event
-from ...schemes.base import DECRYPT_FAILED, BatchPlan, FailedRow, Scheme
+from ...schemes.base import BatchPlan, Scheme
 from ...schemes.fpc1 import Fpc1Scheme
 from ...targets import ResolvedTarget
 from .bookkeeping import record_conflicts_mysql, tenant_key
@@ -184,26 +183,9 @@ class MySqlDrainParts:
         and record the failing rows of this drain's own id range. A shard or a ``--tenant`` run whose
         own values all pass must still rewrite nothing under a key that fails elsewhere: the wrong
         key's values that happen to pass the padding would be rewritten as garbage."""
-        scheme = self.scheme
-        if not isinstance(scheme, HoldsFailingKeys):
-            return
-        name = scheme.target.settings.name
-        failing: dict[str, int] = {}
-        failed: list[FailedRow] = []
-        for row in stale_rows(conn, self.scheme, self.options.id_range):
-            found = scheme.failing_values(row[3:])
-            for _, key in found:
-                failing[key] = failing.get(key, 0) + 1
-            if found and row[1]:
-                failed.append(FailedRow(name, str(row[0]), tuple(label for label, _ in found), DECRYPT_FAILED))
-        if failing:
-            scheme.hold(failing)
-            with tally.lock:
-                for f in failed:
-                    tally.failed.setdefault((f.id, f.reason), f)
-            for key, n in sorted(failing.items()):
-                log_event("key_held", level=30, run_id=self.options.run_id or None, target=name, key=key,
-                          failing_values=n)
+        if isinstance(self.scheme, HoldsFailingKeys):
+            hold_keys_failing_in(stale_rows(conn, self.scheme, self.options.id_range), self.scheme, tally,
+                                 self.options.run_id)
 
     def range_bounds(self, conn: MySqlConnection, workers: int, backlog: int) -> list[Any]:
         return range_bounds(conn, self.scheme, self.options.tenant, self.options.id_range, workers)
