@@ -43,13 +43,10 @@ class Guard(Protocol):
     def received(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         """(the rows as the scheme plans them, what the guard keeps of them for the write)."""
 
-    def write(self, conn: Any, write: Write, outcome: BatchOutcome, versions: Any,
-              cautious: bool) -> None:
-        """One write of a batch, in its open transaction, counted into ``outcome``; ``versions``:
-        what ``received`` kept; ``cautious``: the second try, which must not wait on any row."""
-
     def write_batch(self, conn: Any, plan: BatchPlan, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
-        """Every write of a batch, in its open transaction (``EachWrite``: ``write`` for each)."""
+        """Every write of a batch in its open transaction, counted into ``outcome``; ``versions``:
+        what ``received`` kept; ``cautious``: the second try, which must not wait on any row.
+        ``EachWrite``: one ``write`` per write of the plan."""
 
     def next_sweep(self, engine: sa.Engine, counter: Any, tally: Tally) -> Sweep:
         """What to try again after a pass (or a sweep) that left rows behind."""
@@ -64,6 +61,7 @@ class EachWrite:
     """``write_batch`` as a guard that writes each of a plan's writes with its own statement does it."""
 
     def write(self, conn: Any, write: Write, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
+        """One write of a batch, in its open transaction, counted into ``outcome``."""
         raise NotImplementedError
 
     def write_batch(self, conn: Any, plan: BatchPlan, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:

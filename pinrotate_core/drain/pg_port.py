@@ -8,6 +8,7 @@ pool, each batch's read and write in a transaction of its own bounded by ``SET L
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import psycopg
@@ -37,8 +38,22 @@ GUARDS: dict[str, type[VersionGuard | CasGuard]] = {"version": VersionGuard, "ca
 def transaction_settings(options: DrainOptions) -> list[sql.Composable]:
     """The ``SET LOCAL``s of every transaction of a drain (its reads and its writes): the room's
     ``batch_settings`` for these options."""
-    return batch_settings(options.lock_timeout, options.statement_timeout, options.idle_timeout,
-                          dry_run=options.dry_run)
+    return list(_settings(options.lock_timeout, options.statement_timeout, options.idle_timeout, options.dry_run))
+
+
+@functools.lru_cache(maxsize=64)
+def _settings(lock_timeout: float, statement_timeout: float, idle_timeout: float,
+              dry_run: bool) -> tuple[sql.Composable, ...]:
+    """``batch_settings``, composed once per set of limits rather than once a batch."""
+    return tuple(batch_settings(lock_timeout, statement_timeout, idle_timeout, dry_run=dry_run))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_begin(lock_timeout: float, statement_timeout: float, idle_timeout: float, dry_run: bool) -> sql.Composed:
+    """A batch read's BEGIN with its ``SET LOCAL``s, in one round trip."""
+    return sql.SQL("; ").join([
+        sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED" + (" READ ONLY" if dry_run else "")),
+        *_settings(lock_timeout, statement_timeout, idle_timeout, dry_run)])
 
 
 class PgDrainParts:
@@ -89,9 +104,8 @@ class PgDrainPort:
     @staticmethod
     def begin_read(conn: psycopg.Connection[Any], options: DrainOptions) -> None:
         # No row lock; its own short transaction, whose SET LOCALs bound it (transaction_settings).
-        conn.execute(sql.SQL("; ").join([
-            sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED" + (" READ ONLY" if options.dry_run else "")),
-            *transaction_settings(options)]))
+        conn.execute(_read_begin(options.lock_timeout, options.statement_timeout, options.idle_timeout,
+                                 options.dry_run))
 
     @staticmethod
     def end_read(conn: psycopg.Connection[Any], ok: bool) -> None:
@@ -104,7 +118,8 @@ class PgDrainPort:
     @staticmethod
     def begin_write(conn: psycopg.Connection[Any], target: ResolvedTarget, options: DrainOptions,
                     wait: float | None) -> None:
-        conn.execute(writing_batch_begin(target, wait, transaction_settings(options)))  # one round trip
+        settings = _settings(options.lock_timeout, options.statement_timeout, options.idle_timeout, options.dry_run)
+        conn.execute(writing_batch_begin(target, wait, settings))  # one round trip
 
     @staticmethod
     def commit(conn: psycopg.Connection[Any]) -> None:

@@ -24,6 +24,7 @@ of ``drain/`` over PyMySQL connections, every scheme written by compare-and-swap
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -80,9 +81,6 @@ class MySqlRowGuard:
     @staticmethod
     def received(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], Any]:
         return rows, {row[0]: row for row in rows}  # (id, tenant or key version, values...) as read
-
-    def write(self, conn: MySqlConnection, write: Any, outcome: BatchOutcome, versions: Any, cautious: bool) -> None:
-        raise NotImplementedError("MySqlRowGuard writes whole batches (write_batch)")
 
     def write_batch(self, conn: MySqlConnection, plan: BatchPlan, outcome: BatchOutcome,
                     versions: dict[Any, tuple[Any, ...]], cautious: bool) -> None:
@@ -197,8 +195,10 @@ class MySqlDrainPort:
     serialization_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self) -> None:
-        # The limits each open batch set (``start_batch``), reset when it ends.
+        # The limits each open batch set (``start_batch``), reset when it ends; drains and their
+        # reader and writer threads share the port.
         self._limits: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
 
     @staticmethod
     def describe_error(exc: BaseException | None) -> str:
@@ -228,7 +228,9 @@ class MySqlDrainPort:
 
     def begin_write(self, conn: MySqlConnection, target: ResolvedTarget, options: DrainOptions,
                     wait: float | None) -> None:
-        self._limits[conn] = start_batch(conn, options.lock_timeout, options.statement_timeout, options.idle_timeout)
+        limits = start_batch(conn, options.lock_timeout, options.statement_timeout, options.idle_timeout)
+        with self._lock:
+            self._limits[conn] = limits
 
     def commit(self, conn: MySqlConnection) -> None:
         try:
@@ -247,7 +249,8 @@ class MySqlDrainPort:
             self._end(conn)
 
     def _end(self, conn: MySqlConnection) -> None:
-        limits = self._limits.pop(conn, ())
+        with self._lock:
+            limits = self._limits.pop(conn, ())
         with contextlib.suppress(pymysql.err.MySQLError):
             end_batch(conn, limits)
 
