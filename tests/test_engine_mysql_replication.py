@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +27,10 @@ from pinrotate_core.engines.mysql.replication import (
     write_heartbeat,
 )
 from pinrotate_core.engines.mysql.signals import THROTTLE_SIGNALS
+from pinrotate_core.rotation import retire_gate
 from pinrotate_core.throttle.mysql import HeartbeatMeter
 from tests.mariadb_server import MariaDbServer, free_port, machine_server, start_own_server
+from tests.test_gate_discover import fpc1_settings, fpc1_value
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +300,45 @@ def test_a_replica_without_the_heartbeat_table_is_read_by_its_status_and_the_sta
             assert run(p, "SELECT COUNT(*) FROM pinrotate.heartbeat WHERE writer LIKE 'run-4-%%'") == [(0,)]
     finally:
         elsewhere.stop()
+
+
+def test_the_gate_on_a_primary_with_a_replica_opens_only_once_that_replica_named_has_applied_the_look(
+        pair: tuple[MariaDbServer, MariaDbServer], tmp_path: Path) -> None:
+    """Contract §6 on MySQL: every replica caught up. A replica reading the primary's binary log is
+    checked through ``[database] replicas`` (it must replicate from this server and reach the
+    primary's GTID position after the look within ``[gate] wait``); unnamed, stopped or not this
+    server's, the gate stays closed, STANDBY_BEHIND, named."""
+    primary, replica = pair
+    with primary.fresh_database() as database:
+        with contextlib.closing(primary.connect(database)) as conn:
+            run(conn, "CREATE TABLE secrets (id bigint PRIMARY KEY, secret text, doc json)")
+            for i in range(1, 4):
+                run(conn, "INSERT INTO secrets (id, secret) VALUES (%s, %s)", (i, fpc1_value("k3")))
+        settings = fpc1_settings(primary.url(database), tmp_path / "keys.toml")
+        settings = settings.model_copy(update={"gate": settings.gate.model_copy(update={"wait": 5})})
+
+        def with_replicas(*urls: str) -> Settings:
+            return settings.model_copy(update={"database": settings.database.model_copy(update={"replicas": urls})})
+
+        unnamed = retire_gate(settings, "k1")
+        assert not unnamed.open and unnamed.blocking["STANDBY_BEHIND"] == 1
+        assert "name each in [database] replicas" in str(unnamed.durability["reason"])
+
+        named_replica = retire_gate(with_replicas(replica.url("mysql")), "k1")
+        assert named_replica.open, named_replica.durability
+        assert named_replica.durability["replicas_checked"] == [replica.url("mysql")]
+
+        not_ours = retire_gate(with_replicas(primary.url("mysql")), "k1")  # the primary replicates from nobody
+        assert not not_ours.open and "does not replicate from this server" in str(not_ours.durability["reason"])
+
+        with contextlib.closing(replica.connect()) as r:
+            run(r, "STOP SLAVE SQL_THREAD")
+            try:
+                with contextlib.closing(primary.connect(database)) as conn:
+                    run(conn, "INSERT INTO secrets (id, secret) VALUES (9, %s)", (fpc1_value("k3"),))
+                stopped = retire_gate(with_replicas(replica.url("mysql")), "k1")
+            finally:
+                run(r, "START SLAVE SQL_THREAD")
+        assert not stopped.open and stopped.blocking["STANDBY_BEHIND"] == 1
+        assert "has not applied" in str(stopped.durability["reason"]), stopped.durability
+        assert retire_gate(with_replicas(replica.url("mysql")), "k1").open  # caught up again

@@ -12,7 +12,8 @@ An open verdict is settled before it is given: prepared XA transactions close it
 transactions in flight at the look are waited for (bounded by ``[gate] wait``) and the look is
 taken again, else IN_FLIGHT; commits not flushed at once (``innodb_flush_log_at_trx_commit``,
 ``sync_binlog``) are waited for their flush interval; a server that is a replica not caught up, or
-a primary with replicas attached (which pinrotate cannot reach from a MySQL URL yet), is
+a primary whose replicas are not each named in ``[database] replicas`` and caught up with the
+GTID position after the look (``_replicas``), is
 STANDBY_BEHIND. Whatever cannot be checked closes the gate, named. Never a value or a statement text.
 """
 
@@ -27,7 +28,9 @@ import sqlalchemy as sa
 
 from ...config import Settings, TargetSettings
 from ...engines.base.checks import OpenTransaction
+from ...engines.base.features import redacted
 from ...engines.mysql import connect as mysql_connect
+from ...engines.mysql import replication
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.gate import GATE_CHECKS, INNODB_TRX_CACHE_S
 from ...errors import DatabaseError
@@ -93,9 +96,11 @@ def _still_open(conn: MySqlConnection, waited: list[OpenTransaction], deadline: 
         time.sleep(POLL_S)
 
 
-def _replicas(conn: MySqlConnection) -> SettleResult | None:
-    """STANDBY_BEHIND when this server replicates and is not caught up, or serves replicas that the
-    gate cannot reach to check (a MySQL URL names no replicas yet): closed, named."""
+def _replicas(conn: MySqlConnection, settings: Settings, deadline: float) -> SettleResult | None:
+    """STANDBY_BEHIND when this server replicates and is not caught up, or serves replicas that have
+    not applied what the gate read: each must be named in ``[database] replicas`` (a URL of a server
+    that replicates from this one), and each waits for this server's GTID position after the look
+    until ``deadline`` (``[gate] wait``). What cannot be checked closes the gate, named."""
     behind = [r for r in GATE_CHECKS.replica_positions(conn) if not r.running or r.lag_s is None or r.lag_s > 0]
     if behind:
         names = [f"{r.name} ({r.problem or 'lag ' + str(r.lag_s)})" for r in behind]
@@ -105,11 +110,48 @@ def _replicas(conn: MySqlConnection) -> SettleResult | None:
         cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'", ())
         row = cur.fetchone()
     attached = int(row[0]) if row else 0
-    if attached:
+    if not attached:
+        return None
+    urls = settings.database.replicas or ()
+    if not urls:
         return SettleResult.closed("STANDBY_BEHIND", attached, f"{attached} replica(s) read this server's binary "
-                                   "log; pinrotate cannot check from a MySQL URL that they applied what the gate "
-                                   "read (not available yet)", {"replicas_attached": attached})
-    return None
+                                   "log: name each in [database] replicas so that the gate can check it applied "
+                                   "what the gate read", {"replicas_attached": attached})
+    position = GATE_CHECKS.primary_position(conn) or ""  # after the look: every commit it saw is in it
+    me = replication.server_id(conn)
+    registered = replication.attached_replicas(conn)
+    ours: set[int] = set()  # the named replicas of this server
+    checked: dict[int, str] = {}  # those of them that applied what the gate read
+    problems: list[str] = []
+    for url in urls:
+        shown = redacted(url)
+        engine = mysql_connect.make_engine(url, pool_size=1)
+        try:
+            with mysql_connect.raw_connection(engine) as replica:
+                if me not in replication.source_server_ids(replica):
+                    problems.append(f"{shown} (does not replicate from this server)")
+                    continue
+                ours.add(replication.server_id(replica))
+                if not replication.wait_for_position(replica, position, deadline - time.monotonic()):
+                    problems.append(f"{shown} (has not applied {position} within [gate] wait)")
+                    continue
+                checked[replication.server_id(replica)] = shown
+        except (DatabaseError, pymysql.err.MySQLError) as e:
+            problems.append(f"{shown} (cannot be asked: "
+                            f"{e if isinstance(e, DatabaseError) else mysql_connect.describe_db_error(e)})")
+        finally:
+            engine.dispose()
+    # Every reader of the binary log counts (a registered replica that no URL names, or a reader that
+    # did not register): the larger of the two is what no URL stands for.
+    unnamed = max(attached - len(ours), len((registered or set()) - ours))
+    if unnamed > 0:
+        problems.append(f"{unnamed} replica(s) reading this server's binary log that [database] replicas does "
+                        "not name")
+    if problems:
+        unchecked = max(attached - len(checked), len((registered or set()) - set(checked)), 1)
+        return SettleResult.closed("STANDBY_BEHIND", unchecked, f"replicas not shown caught up: {named(problems)}",
+                                   {"replicas": problems, "gtid_position": position})
+    return SettleResult(True, facts={"replicas_checked": sorted(checked.values()), "gtid_position": position})
 
 
 def settle(conn: MySqlConnection, settings: Settings, first: tuple[R, list[OpenTransaction], list[str]],
@@ -147,10 +189,10 @@ def settle(conn: MySqlConnection, settings: Settings, first: tuple[R, list[OpenT
         wait = float(durability.settings.get("flush_wait_s", 1))
         facts["flush_waited_s"] = wait
         time.sleep(wait)  # every commit the gate read reaches the disk within this
-    behind = _replicas(conn)
-    if behind is not None:
-        return report, SettleResult(False, behind.reason, behind.blocking, {**facts, **behind.facts})
-    return report, SettleResult(True, facts=facts)
+    replicas = _replicas(conn, settings, deadline)
+    if replicas is not None and not replicas.ok:
+        return report, SettleResult(False, replicas.reason, replicas.blocking, {**facts, **replicas.facts})
+    return report, SettleResult(True, facts={**facts, **(replicas.facts if replicas is not None else {})})
 
 
 def mysql_retire_gate(settings: Settings, key: str, *, tenant: str | None = None, deep: bool = True,

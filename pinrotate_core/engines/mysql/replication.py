@@ -79,6 +79,34 @@ def replica_status(conn: MySqlConnection) -> list[ReplicaPosition]:
     return [position_of(row) for row in _status_rows(conn)]
 
 
+def server_id(conn: MySqlConnection) -> int:
+    """``@@server_id``: how a primary and its replicas tell each other apart."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@server_id")
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def source_server_ids(conn: MySqlConnection) -> set[int]:
+    """The ``@@server_id`` of each source this server replicates from (empty on a primary)."""
+    ids = (_pick(row, "Source_Server_Id", "Master_Server_Id") for row in _status_rows(conn))
+    return {int(i) for i in ids if i is not None}
+
+
+def attached_replicas(conn: MySqlConnection) -> set[int] | None:
+    """The ``@@server_id`` of each replica registered with this primary (``SHOW SLAVE HOSTS``,
+    ``SHOW REPLICAS`` on MySQL 8.0.22+); None when the server will not say."""
+    for statement in ("SHOW SLAVE HOSTS", "SHOW REPLICAS"):
+        try:
+            with conn.cursor(DictCursor) as cur:
+                cur.execute(statement)
+                ids = (_pick(row, "Server_id", "Server_Id") for row in cur.fetchall())
+                return {int(i) for i in ids if i is not None}
+        except pymysql.err.MySQLError:
+            continue
+    return None
+
+
 def wait_for_position(replica: MySqlConnection, position: str, timeout: float) -> bool:
     """True once ``replica`` has applied the primary's GTID ``position`` (``MASTER_GTID_WAIT`` on
     MariaDB, ``WAIT_FOR_EXECUTED_GTID_SET`` on MySQL), False after ``timeout`` seconds."""
