@@ -38,7 +38,13 @@ import sqlalchemy as sa
 
 from ..db import redacted
 from ..engines.mysql import connect as mysql_connect
-from ..engines.mysql.replication import HeartbeatUnavailable, read_heartbeat, remove_heartbeat, write_heartbeat
+from ..engines.mysql.replication import (
+    HeartbeatUnavailable,
+    binlog_readers,
+    read_heartbeat,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from ..engines.mysql.signals import THROTTLE_SIGNALS, LockWaitsHidden, sessions_blocked_by_drains
 from ..errors import DatabaseError
 from ..log import log_event
@@ -218,12 +224,10 @@ class MySqlThrottle(Throttle):
 
     def _attached(self) -> int:
         try:
-            with mysql_connect.raw_connection(self.engine) as conn, conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'", ())
-                row = cur.fetchone()
+            with mysql_connect.raw_connection(self.engine) as conn:
+                return binlog_readers(conn)
         except pymysql.err.MySQLError as e:
             raise DatabaseError(f"cannot read the database's health ({mysql_connect.describe_db_error(e)})") from None
-        return int(row[0]) if row else 0
 
     def close(self) -> None:
         if self.heartbeat is not None and self.heartbeat.lag(None) is not None:  # a stamp was written

@@ -106,10 +106,7 @@ def _replicas(conn: MySqlConnection, settings: Settings, deadline: float) -> Set
         names = [f"{r.name} ({r.problem or 'lag ' + str(r.lag_s)})" for r in behind]
         return SettleResult.closed("STANDBY_BEHIND", len(behind), f"this server is a replica not caught up: "
                                    f"{named(names)}", {"replicas": names})
-    with conn.cursor() as cur:
-        cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'", ())
-        row = cur.fetchone()
-    attached = int(row[0]) if row else 0
+    attached = replication.binlog_readers(conn)
     if not attached:
         return None
     urls = settings.database.replicas or ()
@@ -119,7 +116,7 @@ def _replicas(conn: MySqlConnection, settings: Settings, deadline: float) -> Set
                                    "what the gate read", {"replicas_attached": attached})
     position = GATE_CHECKS.primary_position(conn) or ""  # after the look: every commit it saw is in it
     me = replication.server_id(conn)
-    registered = replication.attached_replicas(conn)
+    registered = replication.attached_replicas(conn) or set()  # None: the server will not say
     ours: set[int] = set()  # the named replicas of this server
     checked: dict[int, str] = {}  # those of them that applied what the gate read
     problems: list[str] = []
@@ -131,11 +128,12 @@ def _replicas(conn: MySqlConnection, settings: Settings, deadline: float) -> Set
                 if me not in replication.source_server_ids(replica):
                     problems.append(f"{shown} (does not replicate from this server)")
                     continue
-                ours.add(replication.server_id(replica))
+                replica_id = replication.server_id(replica)
+                ours.add(replica_id)
                 if not replication.wait_for_position(replica, position, deadline - time.monotonic()):
                     problems.append(f"{shown} (has not applied {position} within [gate] wait)")
                     continue
-                checked[replication.server_id(replica)] = shown
+                checked[replica_id] = shown
         except (DatabaseError, pymysql.err.MySQLError) as e:
             problems.append(f"{shown} (cannot be asked: "
                             f"{e if isinstance(e, DatabaseError) else mysql_connect.describe_db_error(e)})")
@@ -143,12 +141,12 @@ def _replicas(conn: MySqlConnection, settings: Settings, deadline: float) -> Set
             engine.dispose()
     # Every reader of the binary log counts (a registered replica that no URL names, or a reader that
     # did not register): the larger of the two is what no URL stands for.
-    unnamed = max(attached - len(ours), len((registered or set()) - ours))
+    unnamed = max(attached - len(ours), len(registered - ours))
     if unnamed > 0:
         problems.append(f"{unnamed} replica(s) reading this server's binary log that [database] replicas does "
                         "not name")
     if problems:
-        unchecked = max(attached - len(checked), len((registered or set()) - set(checked)), 1)
+        unchecked = max(attached - len(checked), len(registered - set(checked)), 1)
         return SettleResult.closed("STANDBY_BEHIND", unchecked, f"replicas not shown caught up: {named(problems)}",
                                    {"replicas": problems, "gtid_position": position})
     return SettleResult(True, facts={"replicas_checked": sorted(checked.values()), "gtid_position": position})

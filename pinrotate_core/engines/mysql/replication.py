@@ -93,6 +93,16 @@ def source_server_ids(conn: MySqlConnection) -> set[int]:
     return {int(i) for i in ids if i is not None}
 
 
+def binlog_readers(conn: MySqlConnection) -> int:
+    """Sessions reading this server's binary log (``Binlog Dump`` threads: replicas, and any other
+    reader such as a CDC tool); needs ``PROCESS`` to see other users' sessions. The driver's error
+    as it comes."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'", ())
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 def attached_replicas(conn: MySqlConnection) -> set[int] | None:
     """The ``@@server_id`` of each replica registered with this primary (``SHOW SLAVE HOSTS``,
     ``SHOW REPLICAS`` on MySQL 8.0.22+); None when the server will not say."""
