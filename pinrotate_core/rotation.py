@@ -22,6 +22,7 @@ from .config import Settings, TargetSettings
 from .conflicts import StateError
 from .db import database_url, make_engine
 from .drain import BatchEvent, DrainOptions, DrainResult, Shard
+from .drain.results import CONFLICTS_UNRECORDED
 from .errors import DatabaseError, RefusedToStart
 from .forge_discovery import with_forge_targets
 from .gate.verdict import GateReport
@@ -246,7 +247,7 @@ def record_run_conflicts(ctx: RunContext, results: dict[str, DrainResult], shard
                     r.state_error = str(e)
     except DatabaseError:
         for name in names:
-            results[name].state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+            results[name].state_error = CONFLICTS_UNRECORDED
     for name in names:
         r = results[name]
         if r.state_error is not None:

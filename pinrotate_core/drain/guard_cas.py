@@ -21,7 +21,7 @@ from ..targets import Column, row_lock
 from .counting import BacklogCounter
 from .guards import EachWrite, Sweep
 from .options import DrainOptions
-from .results import BatchOutcome, DrainResult, NotStored, Tally
+from .results import CONFLICTS_UNRECORDED, BatchOutcome, DrainResult, NotStored, Tally
 from .selection import Selection
 
 
@@ -127,7 +127,7 @@ class CasGuard(EachWrite):
     def record_conflicts(self, conn: psycopg.Connection[Any] | None, result: DrainResult,
                          options: DrainOptions) -> None:
         if conn is None:
-            result.state_error = "the CONFLICT counts could not be recorded: the database was unreachable"
+            result.state_error = CONFLICTS_UNRECORDED
             return
         try:
             # A shard (an id range) adds its conflicts and clears nothing: its siblings' are not

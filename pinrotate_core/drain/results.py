@@ -119,6 +119,10 @@ class NotStored(Exception):
         self.positions = list(positions)
 
 
+# A drain's CONFLICT counts that never reached the database: the drain stays fail-closed (exit 4).
+CONFLICTS_UNRECORDED = "the CONFLICT counts could not be recorded: the database was unreachable"
+
+
 class NotStoredRows(Exception):
     """As ``NotStored``, for a guard that writes a batch's rows whole (every column of a row in one
     statement): ``ids`` are rows, whatever writes of the plan they are in."""

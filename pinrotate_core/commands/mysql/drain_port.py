@@ -37,7 +37,7 @@ from ...drain.fpc1_precheck import HoldsFailingKeys, hold_keys_failing_in
 from ...drain.guards import Guard, Sweep
 from ...drain.options import DrainOptions
 from ...drain.port import CommitLost
-from ...drain.results import BatchOutcome, DrainResult, NotStoredRows, Tally
+from ...drain.results import CONFLICTS_UNRECORDED, BatchOutcome, DrainResult, NotStoredRows, Tally
 from ...engines.mysql import connect as mysql_connect
 from ...engines.mysql.connect import MySqlConnection
 from ...engines.mysql.guard import CasRow, CommitOutcomeUnknown, MySqlCasGuard, commit_batch, end_batch, start_batch
@@ -48,8 +48,6 @@ from ...targets import ResolvedTarget
 from .bookkeeping import record_conflicts_mysql, tenant_key
 from .selection import count_backlog, range_bounds, read_batch, rows_in_scope, stale_rows, stale_where
 from .targets import read_table
-
-UNREACHABLE = "the CONFLICT counts could not be recorded: the database was unreachable"
 
 
 class MySqlRowGuard:
@@ -151,7 +149,7 @@ class MySqlRowGuard:
         if options.dry_run or self.scheme.guard != "cas":
             return
         if conn is None:
-            result.state_error = UNREACHABLE
+            result.state_error = CONFLICTS_UNRECORDED
             return
         try:
             record_conflicts_mysql(conn, result.target, result.conflicts_by_tenant, tenant_scope=options.tenant,
