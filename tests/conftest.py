@@ -617,9 +617,8 @@ def _postgresql_backed_server() -> Iterator[str]:
     with start_standalone(max_connections="200") as admin:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("CREATE DATABASE prefect")
-        folder = parse_qs(urlsplit(admin).query)["host"][0]
-        port = parse_qs(urlsplit(admin).query)["port"][0]
-        database = f"postgresql+asyncpg://postgres@/prefect?host={folder}&port={port}"
+        where = parse_qs(urlsplit(admin).query)  # the cluster's socket folder and port
+        database = f"postgresql+asyncpg://postgres@/prefect?host={where['host'][0]}&port={where['port'][0]}"
         with temporary_database_interface(), ps.temporary_settings(updates={
                 ps.PREFECT_SERVER_DATABASE_CONNECTION_URL: database, ps.PREFECT_SERVER_ANALYTICS_ENABLED: False}):
             server = SubprocessASGIServer(port=free_loopback_port())
